@@ -1,0 +1,206 @@
+"""`avafs mount|umount|...`: the command line.
+
+Every user error ends as one line on stderr and a non-zero exit; the mount commands return only
+once the mount is usable, so the next line of a script can read from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+from . import __version__
+from .config_file import load_config
+from .daemon import LOG_FILE, serve
+from .errors import AvafsError
+from .mounts import AVAFS_FSTYPE, is_dead, mount_at
+from .options import MOUNT_OPTIONS, MountOptions, build_mount_options, parse_option
+
+_DAEMON_START_TIMEOUT = 120.0
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but usage errors are one line that points to --help."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _add_mount_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "mount", help="mount buckets at a directory",
+        description="Mount SOURCE (s3://bucket[/prefix] or file:///dir) at MOUNTPOINT, or the "
+                    "namespace of a YAML config with --config. Returns once the mount is usable.")
+    parser.add_argument("targets", nargs="+", metavar="[SOURCE] MOUNTPOINT")
+    parser.add_argument("--config", type=Path, metavar="FILE",
+                        help="YAML file: 'namespace' maps directory names to source URLs; other "
+                             "keys are the flags below with underscores")
+    parser.add_argument("--foreground", action="store_true",
+                        help="stay attached (for containers and supervisors)")
+    for spec in MOUNT_OPTIONS:
+        if spec.is_flag:
+            parser.add_argument(spec.flag, dest=spec.name, action="store_const", const=True,
+                                default=None, help=spec.help)
+        else:
+            parser.add_argument(spec.flag, dest=spec.name, default=None, metavar=spec.metavar,
+                                help=spec.help)
+    parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    parser.set_defaults(run=_mount)
+
+
+def _add_umount_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("umount", help="unmount", description="Unmount an avafs mount.")
+    parser.add_argument("mountpoint", type=Path)
+    parser.set_defaults(run=_umount)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="avafs", description="A caching filesystem for training jobs: "
+                           "object-storage buckets as one local directory tree.")
+    parser.add_argument("--version", action="version", version=f"avafs {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                     parser_class=OneLineParser)
+    _add_mount_parser(commands)
+    _add_umount_parser(commands)
+    return parser
+
+
+def mount_options_from_args(args: argparse.Namespace) -> tuple[MountOptions, Path]:
+    if args.config:
+        if len(args.targets) != 1:
+            raise AvafsError("with --config give only MOUNTPOINT (sources come from the config)")
+        sources, values = load_config(args.config)
+    else:
+        if len(args.targets) != 2:
+            raise AvafsError("give SOURCE and MOUNTPOINT, or --config FILE and MOUNTPOINT")
+        sources, values = {"": args.targets[0]}, {}
+    for spec in MOUNT_OPTIONS:
+        given = getattr(args, spec.name)
+        if given is not None:
+            values[spec.name] = parse_option(spec.name, given, spec.flag)
+    options = build_mount_options(sources, values)
+    from .stores import open_store
+
+    for url in options.sources.values():
+        open_store(url, options.endpoint_url, options.region)
+    return options, Path(os.path.abspath(args.targets[-1]))
+
+
+def check_mountpoint(mountpoint: Path) -> None:
+    entry = mount_at(mountpoint)
+    if entry is not None:
+        if is_dead(mountpoint):
+            raise AvafsError(f"{mountpoint} is a dead mount (its daemon exited): run "
+                             f"'avafs umount {mountpoint}' first")
+        raise AvafsError(f"{mountpoint} is already mounted ({entry.fstype}): unmount it first")
+    if not mountpoint.exists():
+        raise AvafsError(f"mountpoint {mountpoint} does not exist: create it with "
+                         f"'mkdir -p {mountpoint}'")
+    if not mountpoint.is_dir():
+        raise AvafsError(f"mountpoint {mountpoint} is not a directory")
+
+
+def check_fuse() -> None:
+    if not Path("/dev/fuse").exists():
+        raise AvafsError("/dev/fuse not found: load the fuse module (modprobe fuse), or give "
+                         "the container --device /dev/fuse")
+    try:
+        import pyfuse3  # noqa: F401
+    except ImportError:
+        raise AvafsError("libfuse3 is missing: apt-get install fuse3 libfuse3-3 (or your "
+                         "distribution's libfuse 3 package)") from None
+    if os.geteuid() != 0 and shutil.which("fusermount3") is None:
+        raise AvafsError("fusermount3 not found: apt-get install fuse3")
+
+
+def _mount(args: argparse.Namespace) -> int:
+    options, mountpoint = mount_options_from_args(args)
+    if args.ready_fd is None:
+        check_mountpoint(mountpoint)
+        check_fuse()
+    if args.foreground or args.ready_fd is not None:
+        return serve(options, mountpoint, args.ready_fd)
+    return _start_daemon(options, mountpoint)
+
+
+def _start_daemon(options: MountOptions, mountpoint: Path) -> int:
+    options.cache_dir.mkdir(parents=True, exist_ok=True)
+    read_end, write_end = os.pipe()
+    with open(options.cache_dir / LOG_FILE, "ab") as log_file:
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "avafs", *sys.argv[1:], "--ready-fd", str(write_end)],
+            pass_fds=(write_end,), start_new_session=True, cwd="/",
+            stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
+    os.close(write_end)
+    with os.fdopen(read_end) as report:
+        message = report.readline().strip()
+    if message == "ready":
+        return 0
+    if not message:
+        daemon.wait(timeout=_DAEMON_START_TIMEOUT)
+        message = (f"error: the mount daemon exited ({daemon.returncode}) before the mount was "
+                   f"ready; see {options.cache_dir / LOG_FILE}")
+    print(f"avafs: {message}", file=sys.stderr)
+    return 1
+
+
+def _daemon_pid(mountpoint: Path) -> int | None:
+    try:
+        return int(os.getxattr(mountpoint, "user.avafs.pid"))
+    except (OSError, ValueError):
+        return None
+
+
+def _wait_for_exit(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _umount(args: argparse.Namespace) -> int:
+    mountpoint = Path(os.path.abspath(args.mountpoint))
+    entry = mount_at(mountpoint)
+    if entry is None:
+        raise AvafsError(f"{mountpoint} is not mounted")
+    if entry.fstype != AVAFS_FSTYPE:
+        raise AvafsError(f"{mountpoint} is not an avafs mount ({entry.fstype})")
+    if is_dead(mountpoint):
+        subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], check=False,
+                       capture_output=True)
+        return 0
+    pid = _daemon_pid(mountpoint)
+    result = subprocess.run(["fusermount3", "-u", str(mountpoint)], capture_output=True,
+                            text=True)
+    if result.returncode != 0:
+        reason = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "failed"
+        raise AvafsError(f"cannot unmount {mountpoint}: {reason} (close files and leave the "
+                         "directory, then retry)")
+    if pid is not None and not _wait_for_exit(pid, 120):
+        raise AvafsError(f"unmounted {mountpoint}, but its daemon (pid {pid}) is still "
+                         "finishing; see its log")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args: Any = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except AvafsError as error:
+        print(f"avafs: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        logging.shutdown()

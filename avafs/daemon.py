@@ -1,0 +1,156 @@
+"""The mount daemon: build the data path, mount it, serve until unmounted or signalled.
+
+`avafs mount` starts this in a detached process and returns only when it reports the mount
+usable (or the one-line reason it is not) through an inherited pipe, so scripts and the CSI
+driver never race a half-made mount. The same code runs attached with `--foreground`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import logging.handlers
+import os
+import signal
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+
+import trio
+
+from .errors import AvafsError
+from .fuse_ops import AvafsOperations
+from .metrics import Metrics
+from .namespace import Namespace
+from .options import MountOptions
+from .stores import open_store
+from .stores.instrumented import InstrumentedStore
+from .tiers.disk import DiskTier
+from .tiers.ram import RamTier
+from .tiers.stack import TierStack
+
+log = logging.getLogger("avafs")
+
+LOG_FILE = "avafs.log"
+PID_FILE = "avafs.pid"
+
+
+def setup_logging(options: MountOptions, foreground: bool) -> None:
+    handler = logging.handlers.RotatingFileHandler(options.cache_dir / LOG_FILE,
+                                                   maxBytes=20 * 2**20, backupCount=3)
+    handlers: list[logging.Handler] = [handler]
+    if foreground and sys.stderr.isatty():
+        handlers.append(logging.StreamHandler())
+    logging.basicConfig(level=options.log_level.upper(), handlers=handlers, force=True,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("botocore", "urllib3", "boto3"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.root.level))
+
+
+def lock_cache_dir(cache_dir: Path, exits: ExitStack) -> None:
+    """One daemon per cache dir: two would evict each other's blocks from under them."""
+    lock = exits.enter_context(open(cache_dir / "lock", "a+"))  # noqa: SIM115
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = (cache_dir / PID_FILE).read_text().strip() if (cache_dir / PID_FILE).exists() else "?"
+        raise AvafsError(f"cache dir {cache_dir} is in use by another avafs mount (pid {pid}): "
+                         "give this mount its own --cache-dir") from None
+
+
+class Filesystem:
+    """The data path of one mount, top to bottom (DESIGN.md)."""
+
+    def __init__(self, options: MountOptions) -> None:
+        self.options = options
+        self.metrics = Metrics()
+        self.stores = {
+            name: InstrumentedStore(open_store(url, options.endpoint_url, options.region),
+                                    self.metrics)
+            for name, url in options.sources.items()
+        }
+        for store in self.stores.values():
+            store.check()
+        ram = RamTier(options.ram_cache, options.ram_cache_files, options.high_watermark,
+                      options.low_watermark)
+        disk = DiskTier(options.cache_dir / "disk", options.disk_cache, options.disk_cache_files,
+                        options.high_watermark, options.low_watermark)
+        self.stack = TierStack(ram, disk, options.block_size, options.inflight_memory,
+                               self.metrics)
+        self.namespace = Namespace(self.stores, options.effective_metadata_ttl)
+        self.operations = AvafsOperations(self.namespace, self.stack, options,
+                                          {"pid": str(os.getpid()),
+                                           "cache_dir": str(options.cache_dir)})
+
+    def close(self) -> None:
+        self.stack.close()
+
+
+def serve(options: MountOptions, mountpoint: Path, ready_fd: int | None) -> int:
+    """Run a mount to completion; reports readiness or the failure on `ready_fd`."""
+    options.cache_dir.mkdir(parents=True, exist_ok=True)
+    setup_logging(options, foreground=ready_fd is None)
+    with ExitStack() as exits:
+        try:
+            lock_cache_dir(options.cache_dir, exits)
+            import pyfuse3
+
+            filesystem = Filesystem(options)
+            exits.callback(filesystem.close)
+            fuse_options = set(pyfuse3.default_options) | {"fsname=avafs", "subtype=avafs"}
+            if options.allow_other:
+                fuse_options.add("allow_other")
+            if options.read_only:
+                fuse_options.add("ro")
+            pyfuse3.init(filesystem.operations, str(mountpoint), fuse_options)
+        except AvafsError as error:
+            log.error("%s", error)
+            _report(ready_fd, f"error: {error}")
+            return 1
+        except Exception as error:
+            log.exception("mount failed")
+            _report(ready_fd, f"error: mount failed: {error} (see {options.cache_dir / LOG_FILE})")
+            return 1
+        (options.cache_dir / PID_FILE).write_text(f"{os.getpid()}\n")
+        log.info("mounted %s at %s (pid %d)", ", ".join(options.sources.values()), mountpoint,
+                 os.getpid())
+        signalled = trio.run(_serve_until_done, ready_fd)
+        pyfuse3.close(unmount=signalled)
+        log.info("unmounted %s", mountpoint)
+    return 0
+
+
+async def _serve_until_done(ready_fd: int | None) -> bool:
+    """Serve requests; True if a signal ended the mount (so it is still mounted)."""
+    import pyfuse3
+
+    signalled = False
+
+    async def stop_on_signal(task_status=trio.TASK_STATUS_IGNORED) -> None:
+        nonlocal signalled
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            task_status.started()
+            async for signum in signals:
+                log.info("received %s, unmounting", signal.Signals(signum).name)
+                signalled = True
+                pyfuse3.terminate()
+                return
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(stop_on_signal)
+        _report(ready_fd, "ready")
+        await pyfuse3.main()
+        nursery.cancel_scope.cancel()
+    return signalled
+
+
+def _report(ready_fd: int | None, message: str) -> None:
+    if ready_fd is None:
+        if message != "ready":
+            print(f"avafs: {message}", file=sys.stderr)
+        return
+    try:
+        os.write(ready_fd, message.encode() + b"\n")
+        os.close(ready_fd)
+    except OSError:
+        log.warning("the mount command went away before the mount was ready")

@@ -1,0 +1,21 @@
+"""The one exception type whose message is shown to users as is.
+
+Every failure a user can fix (bad flag, missing bucket, wrong credentials, busy mountpoint) is
+raised as `AvafsError` with a one-line message that names the problem and what to do; the CLI
+prints it and exits non-zero. Anything else is a bug and keeps its traceback in the log.
+"""
+
+
+class AvafsError(Exception):
+    """A user-facing, one-line error."""
+
+
+class StoreError(AvafsError):
+    """The object store refused or failed a request after retries."""
+
+
+class ObjectChangedError(StoreError):
+    """The object's ETag no longer matches the version being read.
+
+    Raised instead of mixing blocks of two versions into one read.
+    """

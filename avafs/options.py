@@ -1,0 +1,200 @@
+"""Mount options: one table that drives the CLI flags, the YAML config keys and validation.
+
+Flags and config keys are a public interface (DESIGN.md): a config key is a flag's long name
+with dashes as underscores. Keeping both generated from `MOUNT_OPTIONS` means they can never
+drift apart, and every value is validated by the same parser whichever way it arrived.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import AvafsError
+from .sizes import parse_size
+
+
+def _size(value: Any) -> int:
+    return parse_size(value)
+
+
+def _positive_size(value: Any) -> int:
+    size = parse_size(value)
+    if size <= 0:
+        raise ValueError(f"must be larger than 0, got {value!r}")
+    return size
+
+
+def _fraction(value: Any) -> float:
+    number = float(value)
+    if not 0 < number <= 1:
+        raise ValueError(f"must be a fraction in (0, 1], got {value!r}")
+    return number
+
+
+def _seconds(value: Any) -> float:
+    if str(value).strip().lower() in ("inf", "infinity"):
+        return math.inf
+    number = float(value)
+    if number < 0:
+        raise ValueError(f"must be 0 or more seconds (or inf), got {value!r}")
+    return number
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or int(value) != float(value) or int(value) < 0:
+        raise ValueError(f"must be a whole number 0 or more, got {value!r}")
+    return int(value)
+
+
+def _positive_count(value: Any) -> int:
+    number = _count(value)
+    if number == 0:
+        raise ValueError("must be at least 1")
+    return number
+
+
+def _flag(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "on", "1"):
+        return True
+    if text in ("false", "no", "off", "0"):
+        return False
+    raise ValueError(f"must be true or false, got {value!r}")
+
+
+def _choice(*allowed: str) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        text = str(value).strip().lower()
+        if text not in allowed:
+            raise ValueError(f"must be one of {', '.join(allowed)}, got {value!r}")
+        return text
+    return parse
+
+
+def _text(value: Any) -> str:
+    return str(value)
+
+
+def default_cache_dir() -> str:
+    if os.geteuid() == 0:
+        return "/var/cache/avafs"
+    return str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "avafs")
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    name: str
+    parse: Callable[[Any], Any]
+    default: Any
+    help: str
+    is_flag: bool = False
+    metavar: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+MOUNT_OPTIONS: tuple[OptionSpec, ...] = (
+    OptionSpec("cache_dir", _text, None, "directory of the disk tier, its index, the log and "
+               "the control socket (default ~/.cache/avafs, or /var/cache/avafs as root)", metavar="DIR"),
+    OptionSpec("block_size", _positive_size, 4 * 2**20, "size of a cached block (default 4MiB)",
+               metavar="SIZE"),
+    OptionSpec("ram_cache", _size, 2**30, "RAM tier size (default 1GiB; 0 disables it)", metavar="SIZE"),
+    OptionSpec("ram_cache_files", _positive_count, 200_000,
+               "most blocks the RAM tier holds (default 200000)", metavar="N"),
+    OptionSpec("disk_cache", _size, 10 * 2**30, "disk tier size (default 10GiB)", metavar="SIZE"),
+    OptionSpec("disk_cache_files", _positive_count, 1_000_000,
+               "most files the disk tier holds (default 1000000)", metavar="N"),
+    OptionSpec("high_watermark", _fraction, 0.90,
+               "usage fraction of a tier that starts background eviction (default 0.90)", metavar="F"),
+    OptionSpec("low_watermark", _fraction, 0.75,
+               "usage fraction background eviction stops at (default 0.75)", metavar="F"),
+    OptionSpec("read_ahead", _count, 4,
+               "blocks prefetched ahead of a sequential reader (default 4; 0 disables)", metavar="N"),
+    OptionSpec("inflight_memory", _positive_size, 256 * 2**20,
+               "bound on memory held by fetches in flight, read-ahead included (default 256MiB)",
+               metavar="SIZE"),
+    OptionSpec("metadata_ttl", _seconds, 60.0,
+               "seconds listings and attributes are trusted before revalidation (default 60; inf)",
+               metavar="SECONDS"),
+    OptionSpec("immutable", _flag, False,
+               "the data never changes: cache metadata forever, never revalidate", is_flag=True),
+    OptionSpec("read_only", _flag, False, "refuse every write with EROFS", is_flag=True),
+    OptionSpec("writeback", _choice("async", "sync"), "async",
+               "async: upload after close; sync: close waits for the upload (default async)",
+               metavar="MODE"),
+    OptionSpec("endpoint_url", _text, None,
+               "S3 endpoint (default: AWS_ENDPOINT_URL or AWS itself)", metavar="URL"),
+    OptionSpec("region", _text, None, "S3 region (default: the AWS configuration's)", metavar="REGION"),
+    OptionSpec("allow_other", _flag, False, "let users other than the mounting one use the mount",
+               is_flag=True),
+    OptionSpec("log_level", _choice("debug", "info", "warning", "error"), "info",
+               "log verbosity (default info)", metavar="LEVEL"),
+)
+OPTIONS_BY_NAME = {spec.name: spec for spec in MOUNT_OPTIONS}
+
+
+@dataclass(frozen=True)
+class MountOptions:
+    """Validated options of one mount; `sources` maps a top-level directory to a URL.
+
+    A single-source mount has the one key "" (the source is the mount's root).
+    """
+
+    sources: dict[str, str]
+    cache_dir: Path
+    block_size: int
+    ram_cache: int
+    ram_cache_files: int
+    disk_cache: int
+    disk_cache_files: int
+    high_watermark: float
+    low_watermark: float
+    read_ahead: int
+    inflight_memory: int
+    metadata_ttl: float
+    immutable: bool
+    read_only: bool
+    writeback: str
+    endpoint_url: str | None
+    region: str | None
+    allow_other: bool
+    log_level: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def effective_metadata_ttl(self) -> float:
+        return math.inf if self.immutable else self.metadata_ttl
+
+
+def parse_option(name: str, value: Any, where: str) -> Any:
+    """Parse one option's value; `where` says where it came from for the error message."""
+    spec = OPTIONS_BY_NAME[name]
+    try:
+        return spec.parse(value)
+    except (TypeError, ValueError) as error:
+        raise AvafsError(f"invalid {where}: {error}") from None
+
+
+def build_mount_options(sources: dict[str, str], values: dict[str, Any]) -> MountOptions:
+    """Apply defaults, then check what only the combination of values can tell."""
+    settled = {spec.name: values.get(spec.name, spec.default) for spec in MOUNT_OPTIONS}
+    settled["cache_dir"] = Path(settled["cache_dir"] or default_cache_dir()).expanduser().absolute()
+    if settled["low_watermark"] >= settled["high_watermark"]:
+        raise AvafsError(
+            f"invalid watermarks: --low-watermark ({settled['low_watermark']}) must be below "
+            f"--high-watermark ({settled['high_watermark']})")
+    if settled["disk_cache"] < settled["block_size"]:
+        raise AvafsError(f"invalid --disk-cache: it must hold at least one block "
+                         f"(--block-size {settled['block_size']} bytes)")
+    if settled["inflight_memory"] < settled["block_size"]:
+        raise AvafsError("invalid --inflight-memory: it must hold at least one block")
+    return MountOptions(sources=sources, **settled)

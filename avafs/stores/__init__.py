@@ -1,0 +1,32 @@
+"""Open an ObjectStore from a source URL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from ..errors import AvafsError
+from .base import Listing, ObjectInfo, ObjectStore
+
+__all__ = ["Listing", "ObjectInfo", "ObjectStore", "open_store"]
+
+
+def open_store(url: str, endpoint_url: str | None = None, region: str | None = None,
+               max_connections: int = 64) -> ObjectStore:
+    parsed = urlparse(url)
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
+            raise AvafsError(f"invalid source {url!r}: a local bucket is file:///absolute/dir")
+        from .local import LocalStore
+
+        return LocalStore(Path(unquote(parsed.path)))
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise AvafsError(f"invalid source {url!r}: expected s3://bucket[/prefix]")
+        try:
+            from .s3 import S3Store
+        except ImportError:
+            raise AvafsError("s3:// sources need boto3: pip install 'avafs[s3]'") from None
+        return S3Store(parsed.netloc, unquote(parsed.path), endpoint_url, region, max_connections)
+    raise AvafsError(f"unknown scheme in source {url!r}: use s3://bucket[/prefix] or "
+                     "file:///absolute/dir")

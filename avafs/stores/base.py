@@ -1,0 +1,52 @@
+"""The ObjectStore interface: the only thing the tiers and the namespace know of a bucket.
+
+It is deliberately small (list one directory level, stat a key, read a byte range) so that a
+new backend is a short module, and every backend is exercised by the same mount tests.
+Methods block; callers run them in worker threads.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    key: str
+    size: int
+    etag: str
+    mtime: float
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """One directory level: sub-prefixes (ending in '/') and objects directly under it."""
+
+    prefixes: list[str]
+    objects: list[ObjectInfo]
+
+
+class ObjectStore(ABC):
+    """A bucket (or a prefix of one); keys are relative to the store's root."""
+
+    url: str
+
+    @abstractmethod
+    def check(self) -> None:
+        """Raise AvafsError with a user-facing message if the store cannot be used."""
+
+    @abstractmethod
+    def list_dir(self, prefix: str) -> Listing:
+        """Every entry directly under `prefix` ('' or ending in '/'), all pages."""
+
+    @abstractmethod
+    def head(self, key: str) -> ObjectInfo | None:
+        """The object's current metadata, or None if there is no such object."""
+
+    @abstractmethod
+    def get_range(self, key: str, start: int, length: int, etag: str) -> bytes:
+        """`length` bytes from `start` of the version `etag`.
+
+        Raises ObjectChangedError if the object is no longer that version.
+        """

@@ -1,0 +1,42 @@
+"""An ObjectStore wrapper that counts and times every request into the daemon's metrics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from ..metrics import Metrics
+from .base import Listing, ObjectInfo, ObjectStore
+
+T = TypeVar("T")
+
+
+class InstrumentedStore(ObjectStore):
+    def __init__(self, inner: ObjectStore, metrics: Metrics) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self._metrics = metrics
+
+    def _timed(self, operation: str, call: Callable[[], T]) -> T:
+        self._metrics.store_requests.labels(operation).inc()
+        started = time.perf_counter()
+        try:
+            return call()
+        except Exception:
+            self._metrics.store_errors.labels(operation).inc()
+            raise
+        finally:
+            self._metrics.store_latency.labels(operation).observe(time.perf_counter() - started)
+
+    def check(self) -> None:
+        self.inner.check()
+
+    def list_dir(self, prefix: str) -> Listing:
+        return self._timed("list", lambda: self.inner.list_dir(prefix))
+
+    def head(self, key: str) -> ObjectInfo | None:
+        return self._timed("head", lambda: self.inner.head(key))
+
+    def get_range(self, key: str, start: int, length: int, etag: str) -> bytes:
+        return self._timed("get", lambda: self.inner.get_range(key, start, length, etag))

@@ -1,0 +1,155 @@
+"""`s3://bucket[/prefix]`: any S3-compatible endpoint, through boto3 in worker threads.
+
+Why boto3 in threads rather than aiobotocore: pyfuse3 runs on trio, and aiobotocore needs an
+asyncio loop, so an async client would need its own loop thread and a bridge anyway; boto3's
+client is thread-safe, pools connections, and its "standard" retry mode already retries 5xx,
+throttling and connection errors with exponential backoff. Measurements are in BENCHMARKS.md.
+
+Errors that reach users never carry credentials: messages are composed here from the bucket,
+the endpoint and the error code only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from urllib.parse import urlsplit
+
+import boto3
+import botocore.exceptions
+from botocore.config import Config
+
+from ..errors import AvafsError, ObjectChangedError, StoreError
+from .base import Listing, ObjectInfo, ObjectStore
+
+log = logging.getLogger(__name__)
+
+_BODY_ERRORS = (
+    botocore.exceptions.IncompleteReadError,
+    botocore.exceptions.ReadTimeoutError,
+    botocore.exceptions.ResponseStreamingError,
+    botocore.exceptions.ConnectionClosedError,
+    botocore.exceptions.EndpointConnectionError,
+)
+_DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403",
+           "InvalidToken", "ExpiredToken", "AllAccessDisabled"}
+_MISSING_BUCKET = {"NoSuchBucket", "404", "NotFound"}
+_BODY_ATTEMPTS = 6
+
+
+def _code(error: botocore.exceptions.ClientError) -> str:
+    return str(error.response.get("Error", {}).get("Code", ""))
+
+
+def _printable_endpoint(url: str | None) -> str:
+    """The endpoint for messages, without any user:password part a URL might carry."""
+    if not url:
+        return "the default AWS endpoint"
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+
+
+def _etag(raw: str) -> str:
+    return raw.strip('"')
+
+
+class S3Store(ObjectStore):
+    def __init__(self, bucket: str, prefix: str, endpoint_url: str | None,
+                 region: str | None, max_connections: int = 64) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.url = f"s3://{bucket}/{self.prefix}"
+        self.endpoint = _printable_endpoint(endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
+                                            or os.environ.get("AWS_ENDPOINT_URL"))
+        session = boto3.session.Session()
+        common = {"endpoint_url": endpoint_url, "region_name": region}
+        self._client = session.client("s3", config=Config(
+            retries={"mode": "standard", "max_attempts": 10},
+            connect_timeout=10, read_timeout=60, max_pool_connections=max_connections,
+            tcp_keepalive=True), **common)
+        self._probe_client = session.client("s3", config=Config(
+            retries={"mode": "standard", "max_attempts": 2},
+            connect_timeout=5, read_timeout=10), **common)
+
+    def _describe(self, error: Exception) -> str:
+        if isinstance(error, botocore.exceptions.NoCredentialsError):
+            return (f"no AWS credentials found for {self.url}: set AWS_ACCESS_KEY_ID and "
+                    "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or an instance role")
+        if isinstance(error, (botocore.exceptions.EndpointConnectionError,
+                              botocore.exceptions.ConnectTimeoutError)):
+            return (f"cannot reach S3 endpoint {self.endpoint}: check --endpoint-url and that "
+                    "the server is up")
+        if isinstance(error, botocore.exceptions.ClientError):
+            code = _code(error)
+            if code in _DENIED:
+                return (f"access denied to bucket {self.bucket!r} at {self.endpoint} ({code}): "
+                        "check the credentials and the bucket policy")
+            if code in _MISSING_BUCKET:
+                return (f"bucket {self.bucket!r} not found at {self.endpoint}: check the name "
+                        "and --endpoint-url/--region")
+            if code in ("301", "PermanentRedirect", "AuthorizationHeaderMalformed"):
+                return f"bucket {self.bucket!r} is in another region: pass --region"
+            return f"S3 request to {self.endpoint} for bucket {self.bucket!r} failed ({code})"
+        return f"S3 request to {self.endpoint} failed: {type(error).__name__}"
+
+    def check(self) -> None:
+        try:
+            self._probe_client.head_bucket(Bucket=self.bucket)
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
+            raise AvafsError(self._describe(error)) from None
+
+    def list_dir(self, prefix: str) -> Listing:
+        prefixes: list[str] = []
+        objects: list[ObjectInfo] = []
+        skip = len(self.prefix)
+        try:
+            pages = self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self.prefix + prefix, Delimiter="/")
+            for page in pages:
+                prefixes.extend(entry["Prefix"][skip:] for entry in page.get("CommonPrefixes", ()))
+                objects.extend(
+                    ObjectInfo(entry["Key"][skip:], entry["Size"], _etag(entry["ETag"]),
+                               entry["LastModified"].timestamp())
+                    for entry in page.get("Contents", ()))
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
+            raise StoreError(self._describe(error)) from None
+        return Listing(prefixes, objects)
+
+    def head(self, key: str) -> ObjectInfo | None:
+        try:
+            reply = self._client.head_object(Bucket=self.bucket, Key=self.prefix + key)
+        except botocore.exceptions.ClientError as error:
+            if _code(error) in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise StoreError(self._describe(error)) from None
+        except botocore.exceptions.BotoCoreError as error:
+            raise StoreError(self._describe(error)) from None
+        return ObjectInfo(key, reply["ContentLength"], _etag(reply["ETag"]),
+                          reply["LastModified"].timestamp())
+
+    def get_range(self, key: str, start: int, length: int, etag: str) -> bytes:
+        """Retries dropped bodies too: botocore retries a failed request, not a failed read."""
+        for attempt in range(_BODY_ATTEMPTS):
+            try:
+                reply = self._client.get_object(
+                    Bucket=self.bucket, Key=self.prefix + key, IfMatch=f'"{etag}"',
+                    Range=f"bytes={start}-{start + length - 1}")
+                data = reply["Body"].read()
+                if len(data) != length:
+                    raise botocore.exceptions.IncompleteReadError(actual_bytes=len(data),
+                                                                  expected_bytes=length)
+                return data
+            except botocore.exceptions.ClientError as error:
+                code = _code(error)
+                if code in ("PreconditionFailed", "412", "NoSuchKey", "404"):
+                    raise ObjectChangedError(
+                        f"{self.url}{key} changed or vanished while being read") from None
+                raise StoreError(self._describe(error)) from None
+            except _BODY_ERRORS as error:
+                if attempt == _BODY_ATTEMPTS - 1:
+                    raise StoreError(self._describe(error)) from None
+                log.warning("retrying read of %s%s after %s", self.url, key,
+                            type(error).__name__)
+                time.sleep(min(0.1 * 2**attempt, 5.0))
+        raise AssertionError("unreachable")

@@ -1,0 +1,193 @@
+"""The disk tier: one file per block under the cache dir, indexed in rocksdict.
+
+It survives unmount and crashes (users of gcsfuse and Mountpoint lose their caches on every
+remount). A block file is written to a temporary name and renamed into place before it is
+indexed, and the index records its size and CRC32, so a block torn by a crash is detected and
+dropped instead of served. Files the index does not know (a crash between rename and index
+write) are removed by a background sweep at start so they never count against nobody's cap.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import struct
+import threading
+import zlib
+from pathlib import Path
+
+from rocksdict import Options, Rdict, WriteBatch
+
+from .blocks import BlockId
+from .lru import CappedLRU
+
+log = logging.getLogger(__name__)
+
+_RECORD = struct.Struct("<QIQ")  # size, crc32, access sequence
+_ALLOCATION_UNIT = 4096
+
+
+def allocated(size: int) -> int:
+    """Bytes a file of `size` occupies on disk, so the cap matches what `du` reports."""
+    return -(-size // _ALLOCATION_UNIT) * _ALLOCATION_UNIT
+
+
+class DiskTier:
+    name = "disk"
+
+    def __init__(self, root: Path, capacity: int, capacity_files: int, high: float,
+                 low: float) -> None:
+        self.root = root
+        self._blocks_dir = root / "blocks"
+        self._tmp_dir = root / "tmp"
+        shutil.rmtree(self._tmp_dir, ignore_errors=True)
+        self._tmp_dir.mkdir(parents=True)
+        self._blocks_dir.mkdir(exist_ok=True)
+        self._lock = threading.Lock()
+        self._lru = CappedLRU(capacity, capacity_files, high, low)
+        self._records: dict[BlockId, tuple[int, int]] = {}  # size, crc32
+        self._index = Rdict(str(root / "index"), options=Options(raw_mode=True))
+        self._load_index()
+        self._sweeper = threading.Thread(target=self._sweep_unindexed_files, daemon=True,
+                                         name="avafs-disk-sweep")
+        self._sweeper.start()
+
+    def _load_index(self) -> None:
+        records = []
+        for raw_key, raw_value in self._index.items():
+            size, crc, sequence = _RECORD.unpack(raw_value)
+            records.append((sequence, BlockId.decode(raw_key.decode()), size, crc))
+        for _, block, size, crc in sorted(records, key=lambda record: record[0]):
+            self._lru.add(block, allocated(size))
+            self._records[block] = (size, crc)
+        if records:
+            log.info("disk tier: reusing %d cached blocks (%d bytes)", len(records),
+                     self._lru.used_bytes)
+        self._over_cap_at_start()
+
+    def _over_cap_at_start(self) -> None:
+        """A smaller --disk-cache than last time: trim at once, not at the next insert."""
+        self._remove(self._lru.victims_over_capacity())
+
+    def _sweep_unindexed_files(self) -> None:
+        with self._lock:
+            known = {block.file_name() for block in self._records}
+        removed = 0
+        for folder in self._blocks_dir.iterdir():
+            for path in folder.iterdir():
+                if path.name not in known:
+                    path.unlink(missing_ok=True)
+                    removed += 1
+        if removed:
+            log.info("disk tier: removed %d block files left unindexed by a crash", removed)
+
+    @property
+    def capacity(self) -> int:
+        return self._lru.capacity_bytes
+
+    @property
+    def used(self) -> int:
+        return self._lru.used_bytes
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def __contains__(self, block: BlockId) -> bool:
+        return block in self._records
+
+    def _path(self, block: BlockId) -> Path:
+        name = block.file_name()
+        return self._blocks_dir / name[:2] / name
+
+    def get(self, block: BlockId) -> bytes | None:
+        with self._lock:
+            record = self._records.get(block)
+            if record is None:
+                return None
+            self._lru.touch(block)
+        try:
+            data = self._path(block).read_bytes()
+        except FileNotFoundError:
+            data = None
+        if data is None or len(data) != record[0] or zlib.crc32(data) != record[1]:
+            log.warning("disk tier: dropping damaged or missing block of %s", block.key)
+            self.discard([block])
+            return None
+        return data
+
+    def put(self, block: BlockId, data: bytes) -> None:
+        size = allocated(len(data))
+        with self._lock:
+            if block in self._records or not self._lru.fits(size):
+                return
+            victims = self._lru.victims_to_admit(size)
+            self._forget(victims)
+            # Reserve the space now so concurrent inserts cannot overrun the cap together.
+            self._lru.add(block, size)
+            self._lru.pin(block)
+        self._unlink(victims)
+        path = self._path(block)
+        tmp = self._tmp_dir / f"{path.name}.{threading.get_ident()}"
+        try:
+            tmp.write_bytes(data)
+            path.parent.mkdir(exist_ok=True)
+            os.replace(tmp, path)
+        except OSError as error:
+            log.error("disk tier: cannot write block of %s: %s", block.key, error)
+            tmp.unlink(missing_ok=True)
+            with self._lock:
+                self._lru.discard(block)
+            return
+        crc = zlib.crc32(data)
+        with self._lock:
+            self._lru.unpin(block)
+            self._records[block] = (len(data), crc)
+            self._index[block.encode().encode()] = _RECORD.pack(len(data), crc, 0)
+
+    def above_high_watermark(self) -> bool:
+        return self._lru.above_high_watermark()
+
+    def evict_to_low_watermark(self) -> int:
+        with self._lock:
+            victims = self._lru.victims_to_low_watermark()
+        return self._remove(victims)
+
+    def discard(self, blocks: list[BlockId]) -> int:
+        return self._remove(blocks)
+
+    def blocks(self) -> list[BlockId]:
+        with self._lock:
+            return list(self._records)
+
+    def _remove(self, victims: list[BlockId]) -> int:
+        with self._lock:
+            victims = [block for block in victims if block in self._records]
+            self._forget(victims)
+        self._unlink(victims)
+        return len(victims)
+
+    def _forget(self, victims: list[BlockId]) -> None:
+        """Drop blocks from the accounting and the index; call with the lock held."""
+        batch = WriteBatch(raw_mode=True)
+        for victim in victims:
+            self._lru.discard(victim)
+            self._records.pop(victim, None)
+            batch.delete(victim.encode().encode())
+        if victims:
+            self._index.write(batch)
+
+    def _unlink(self, victims: list[BlockId]) -> None:
+        for victim in victims:
+            self._path(victim).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Record the LRU order, so the next mount evicts the same cold blocks first."""
+        with self._lock:
+            batch = WriteBatch(raw_mode=True)
+            for sequence, block in enumerate(self._lru):
+                record = self._records.get(block)
+                if record is not None:
+                    batch.put(block.encode().encode(), _RECORD.pack(*record, sequence))
+            self._index.write(batch)
+            self._index.close()

@@ -1,0 +1,181 @@
+"""TierStack: RAM tier -> disk tier -> store, for reads of byte ranges of object versions.
+
+Every block load goes through one path (`_start_load`), whether a reader waits for it or
+read-ahead asked for it, so concurrent readers of a block share one GET, and the global
+in-flight budget (`--inflight-memory`) bounds every fetch, read-ahead included (Mountpoint's
+prefetcher is known to OOM). The disk write of a fetched block happens after waiting readers
+have their data, so it never adds to read latency.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from ..metrics import Metrics
+from ..stores.base import ObjectStore
+from .blocks import BlockId, block_span
+from .disk import DiskTier
+from .ram import RamTier
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRef:
+    """One version of one object, as a reader opened it."""
+
+    source: str
+    store: ObjectStore
+    key: str
+    etag: str
+    size: int
+
+    def block(self, index: int) -> BlockId:
+        return BlockId(self.source, self.key, self.etag, index)
+
+
+class TierStack:
+    def __init__(self, ram: RamTier, disk: DiskTier, block_size: int, inflight_memory: int,
+                 metrics: Metrics) -> None:
+        self.ram = ram
+        self.disk = disk
+        self.block_size = block_size
+        self.metrics = metrics
+        slots = max(1, inflight_memory // block_size)
+        self._slots = threading.BoundedSemaphore(slots)
+        self._executor = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="avafs-fetch")
+        self._loading: dict[BlockId, Future[bytes]] = {}
+        self._lock = threading.Lock()
+        self._wake_evictor = threading.Event()
+        self._closed = False
+        self._evictor = threading.Thread(target=self._evict_in_background, daemon=True,
+                                         name="avafs-evictor")
+        self._evictor.start()
+
+    def block_count(self, ref: ObjectRef) -> int:
+        return -(-ref.size // self.block_size)
+
+    def read_from_ram(self, ref: ObjectRef, offset: int, size: int) -> bytes | None:
+        """The bytes if every block is in RAM, without blocking; else None."""
+        parts = []
+        for index in block_span(offset, size, ref.size, self.block_size):
+            data = self.ram.get(ref.block(index))
+            if data is None:
+                return None
+            parts.append(data)
+        self.metrics.hits.labels("ram").inc(len(parts))
+        return self._slice(parts, offset, size, ref)
+
+    def read(self, ref: ObjectRef, offset: int, size: int) -> bytes:
+        """The bytes of [offset, offset+size), loading blocks as needed (blocks the caller)."""
+        span = block_span(offset, size, ref.size, self.block_size)
+        futures = [self._block_future(ref, index, wait_for_slot=True) for index in span]
+        parts = [future.result() for future in futures if future is not None]
+        return self._slice(parts, offset, size, ref)
+
+    def prefetch(self, ref: ObjectRef, first: int, count: int) -> int:
+        """Start loading up to `count` blocks from `first` while budget allows; never blocks."""
+        started = 0
+        for index in range(first, min(first + count, self.block_count(ref))):
+            block = ref.block(index)
+            if block in self.ram:
+                continue
+            if self._block_future(ref, index, wait_for_slot=False) is None:
+                break
+            started += 1
+        return started
+
+    def _slice(self, parts: list[bytes], offset: int, size: int, ref: ObjectRef) -> bytes:
+        start = offset - (offset // self.block_size) * self.block_size
+        end = start + min(size, ref.size - offset)
+        if len(parts) == 1:
+            return parts[0][start:end]
+        return b"".join(parts)[start:end]
+
+    def _block_future(self, ref: ObjectRef, index: int, wait_for_slot: bool) -> Future[bytes] | None:
+        block = ref.block(index)
+        data = self.ram.get(block)
+        if data is not None:
+            self.metrics.hits.labels("ram").inc()
+            self.metrics.bytes_served.labels("ram").inc(len(data))
+            done: Future[bytes] = Future()
+            done.set_result(data)
+            return done
+        with self._lock:
+            loading = self._loading.get(block)
+        if loading is not None:
+            return loading
+        if not self._slots.acquire(blocking=wait_for_slot):
+            return None
+        with self._lock:
+            loading = self._loading.get(block)
+            if loading is not None:
+                self._slots.release()
+                return loading
+            future: Future[bytes] = Future()
+            self._loading[block] = future
+        self._executor.submit(self._load, ref, block, future)
+        return future
+
+    def _load(self, ref: ObjectRef, block: BlockId, future: Future[bytes]) -> None:
+        try:
+            data = self.disk.get(block)
+            if data is not None:
+                self.metrics.hits.labels("disk").inc()
+                self.metrics.bytes_served.labels("disk").inc(len(data))
+                self._admit_to_ram(block, data)
+                future.set_result(data)
+                return
+            start = block.index * self.block_size
+            data = ref.store.get_range(ref.key, start, min(self.block_size, ref.size - start),
+                                       ref.etag)
+            self.metrics.misses.inc()
+            self.metrics.bytes_served.labels("store").inc(len(data))
+            self._admit_to_ram(block, data)
+            future.set_result(data)
+            self.disk.put(block, data)
+            self._note_usage()
+        except BaseException as error:  # noqa: BLE001 - delivered to every waiting reader
+            if not future.done():
+                future.set_exception(error)
+            else:
+                log.error("caching block of %s failed: %s", ref.key, error)
+        finally:
+            with self._lock:
+                self._loading.pop(block, None)
+            self._slots.release()
+
+    def _admit_to_ram(self, block: BlockId, data: bytes) -> None:
+        for demoted, demoted_data in self.ram.put(block, data):
+            self.metrics.evictions.labels("ram").inc()
+            if demoted not in self.disk:
+                self.disk.put(demoted, demoted_data)
+        self._note_usage()
+
+    def _note_usage(self) -> None:
+        if self.ram.above_high_watermark() or self.disk.above_high_watermark():
+            self._wake_evictor.set()
+
+    def _evict_in_background(self) -> None:
+        """Keeps tiers under their high watermark so inserts rarely have to evict inline."""
+        while not self._closed:
+            self._wake_evictor.wait(timeout=1.0)
+            self._wake_evictor.clear()
+            if self.ram.above_high_watermark():
+                demoted = self.ram.evict_to_low_watermark()
+                self.metrics.evictions.labels("ram").inc(len(demoted))
+                for block, data in demoted:
+                    if block not in self.disk:
+                        self.disk.put(block, data)
+            if self.disk.above_high_watermark():
+                self.metrics.evictions.labels("disk").inc(self.disk.evict_to_low_watermark())
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake_evictor.set()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._evictor.join(timeout=5)
+        self.disk.close()
