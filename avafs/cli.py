@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from . import __version__
+from .cache_dir import log_path
 from .config_file import load_config
-from .daemon import LOG_FILE, serve
 from .errors import AvafsError
 from .mounts import AVAFS_FSTYPE, is_dead, mount_at
 from .options import MOUNT_OPTIONS, MountOptions, build_mount_options, parse_option
@@ -126,6 +126,8 @@ def _mount(args: argparse.Namespace) -> int:
         check_mountpoint(mountpoint)
         check_fuse()
     if args.foreground or args.ready_fd is not None:
+        from .daemon import serve  # imports pyfuse3, which check_fuse has vouched for
+
         return serve(options, mountpoint, args.ready_fd)
     return _start_daemon(options, mountpoint)
 
@@ -133,7 +135,7 @@ def _mount(args: argparse.Namespace) -> int:
 def _start_daemon(options: MountOptions, mountpoint: Path) -> int:
     options.cache_dir.mkdir(parents=True, exist_ok=True)
     read_end, write_end = os.pipe()
-    with open(options.cache_dir / LOG_FILE, "ab") as log_file:
+    with open(log_path(options.cache_dir), "ab") as log_file:
         daemon = subprocess.Popen(
             [sys.executable, "-m", "avafs", *sys.argv[1:], "--ready-fd", str(write_end)],
             pass_fds=(write_end,), start_new_session=True, cwd="/",
@@ -146,7 +148,7 @@ def _start_daemon(options: MountOptions, mountpoint: Path) -> int:
     if not message:
         daemon.wait(timeout=_DAEMON_START_TIMEOUT)
         message = (f"error: the mount daemon exited ({daemon.returncode}) before the mount was "
-                   f"ready; see {options.cache_dir / LOG_FILE}")
+                   f"ready; see {log_path(options.cache_dir)}")
     print(f"avafs: {message}", file=sys.stderr)
     return 1
 
@@ -193,8 +195,23 @@ def _umount(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_args(argv: list[str] | None) -> Any:
+    """Parse, letting `mount` take its positionals anywhere among its flags.
+
+    argparse binds a positional run as soon as it sees it, so `mount SRC --flag v MNT` would
+    leave MNT over; users write it that way, so leftover positionals join `targets`.
+    """
+    parser = build_parser()
+    args, leftover = parser.parse_known_args(argv)
+    if leftover and args.command == "mount" and not any(a.startswith("-") for a in leftover):
+        args.targets.extend(leftover)
+    elif leftover:
+        parser.error(f"unrecognized arguments: {' '.join(leftover)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args: Any = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         return args.run(args)
     except AvafsError as error:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import trio
 
+from .cache_dir import DISK_TIER_DIR, LOCK_FILE, PID_FILE, log_path
 from .errors import AvafsError
 from .fuse_ops import AvafsOperations
 from .metrics import Metrics
@@ -31,12 +32,9 @@ from .tiers.stack import TierStack
 
 log = logging.getLogger("avafs")
 
-LOG_FILE = "avafs.log"
-PID_FILE = "avafs.pid"
-
 
 def setup_logging(options: MountOptions, foreground: bool) -> None:
-    handler = logging.handlers.RotatingFileHandler(options.cache_dir / LOG_FILE,
+    handler = logging.handlers.RotatingFileHandler(log_path(options.cache_dir),
                                                    maxBytes=20 * 2**20, backupCount=3)
     handlers: list[logging.Handler] = [handler]
     if foreground and sys.stderr.isatty():
@@ -49,7 +47,7 @@ def setup_logging(options: MountOptions, foreground: bool) -> None:
 
 def lock_cache_dir(cache_dir: Path, exits: ExitStack) -> None:
     """One daemon per cache dir: two would evict each other's blocks from under them."""
-    lock = exits.enter_context(open(cache_dir / "lock", "a+"))  # noqa: SIM115
+    lock = exits.enter_context(open(cache_dir / LOCK_FILE, "a+"))  # noqa: SIM115
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -73,7 +71,7 @@ class Filesystem:
             store.check()
         ram = RamTier(options.ram_cache, options.ram_cache_files, options.high_watermark,
                       options.low_watermark)
-        disk = DiskTier(options.cache_dir / "disk", options.disk_cache, options.disk_cache_files,
+        disk = DiskTier(options.cache_dir / DISK_TIER_DIR, options.disk_cache, options.disk_cache_files,
                         options.high_watermark, options.low_watermark)
         self.stack = TierStack(ram, disk, options.block_size, options.inflight_memory,
                                self.metrics)
@@ -109,7 +107,7 @@ def serve(options: MountOptions, mountpoint: Path, ready_fd: int | None) -> int:
             return 1
         except Exception as error:
             log.exception("mount failed")
-            _report(ready_fd, f"error: mount failed: {error} (see {options.cache_dir / LOG_FILE})")
+            _report(ready_fd, f"error: mount failed: {error} (see {log_path(options.cache_dir)})")
             return 1
         (options.cache_dir / PID_FILE).write_text(f"{os.getpid()}\n")
         log.info("mounted %s at %s (pid %d)", ", ".join(options.sources.values()), mountpoint,

@@ -56,9 +56,13 @@ def containing_mount(path: Path) -> MountEntry | None:
 
 
 def is_dead(path: Path) -> bool:
-    """True for a FUSE mount whose daemon is gone ("Transport endpoint is not connected")."""
+    """True for a FUSE mount whose daemon is gone ("Transport endpoint is not connected").
+
+    Probed with statfs because the kernel answers stat from its attribute cache even after the
+    daemon died, while statfs always goes to the daemon.
+    """
     try:
-        os.stat(path)
+        os.statvfs(path)
     except OSError as error:
         return error.errno in (errno.ENOTCONN, errno.ECONNABORTED)
     return False

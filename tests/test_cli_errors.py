@@ -1,0 +1,194 @@
+"""Every user error of `avafs mount`/`umount`: one line on stderr, a non-zero exit, no secrets."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import AVAFS, TEST_CREDENTIALS, S3Server, free_port, run_avafs
+
+
+def one_line_error(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    for secret in (TEST_CREDENTIALS["AWS_SECRET_ACCESS_KEY"], "wrong-secret"):
+        assert secret not in result.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def mnt(tmp_path):
+    path = tmp_path / "mnt"
+    path.mkdir()
+    return path
+
+
+def test_version_and_help():
+    assert run_avafs("--version").stdout.startswith("avafs ")
+    for command in ([], ["mount"], ["umount"]):
+        result = run_avafs(*command, "--help")
+        assert result.returncode == 0 and "usage:" in result.stdout
+
+
+def test_unknown_scheme(mnt, tmp_path):
+    line = one_line_error(run_avafs("mount", "gs://bucket", str(mnt), "--cache-dir", str(tmp_path)))
+    assert "unknown scheme" in line and "s3://" in line
+
+
+def test_local_directory_not_found(mnt, tmp_path):
+    line = one_line_error(run_avafs("mount", f"file://{tmp_path}/nope", str(mnt),
+                                    "--cache-dir", str(tmp_path / "c")))
+    assert "not found" in line and "nope" in line
+
+
+def test_bucket_not_found(s3_server, s3_env, mnt, tmp_path):
+    line = one_line_error(run_avafs("mount", "s3://no-such-bucket", str(mnt), "--endpoint-url",
+                                    s3_server.endpoint, "--cache-dir", str(tmp_path / "c")))
+    assert "bucket 'no-such-bucket' not found" in line
+
+
+def test_access_denied(tmp_path, mnt, monkeypatch):
+    monkeypatch.setenv("INITIAL_NO_AUTH_ACTION_COUNT", "0")
+    server = S3Server(tmp_path / "auth.log")
+    try:
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAWRONGWRONGWRONG1")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret")
+        line = one_line_error(run_avafs("mount", "s3://private", str(mnt), "--endpoint-url",
+                                        server.endpoint, "--cache-dir", str(tmp_path / "c")))
+    finally:
+        server.stop()
+    assert "access denied" in line and "credentials" in line
+    assert "wrong-secret" not in (tmp_path / "c" / "avafs.log").read_text()
+
+
+def test_endpoint_unreachable(s3_env, mnt, tmp_path):
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    line = one_line_error(run_avafs("mount", "s3://bucket", str(mnt), "--endpoint-url", endpoint,
+                                    "--cache-dir", str(tmp_path / "c")))
+    assert "cannot reach S3 endpoint" in line and endpoint in line
+
+
+def test_mountpoint_missing(local_bucket, tmp_path):
+    line = one_line_error(run_avafs("mount", local_bucket.as_uri(), str(tmp_path / "absent"),
+                                    "--cache-dir", str(tmp_path / "c")))
+    assert "does not exist" in line and "mkdir -p" in line
+
+
+def test_already_mounted(local_bucket, mount, tmp_path):
+    mnt = mount(local_bucket.as_uri())
+    line = one_line_error(run_avafs("mount", local_bucket.as_uri(), str(mnt),
+                                    "--cache-dir", str(tmp_path / "other")))
+    assert "already mounted" in line
+
+
+def test_cache_dir_in_use(local_bucket, mount, tmp_path):
+    mount(local_bucket.as_uri(), cache_dir=tmp_path / "shared")
+    second = tmp_path / "second"
+    second.mkdir()
+    line = one_line_error(run_avafs("mount", local_bucket.as_uri(), str(second),
+                                    "--cache-dir", str(tmp_path / "shared")))
+    assert "in use by another avafs mount" in line
+
+
+def test_dead_mount_is_reported_and_cleared(local_bucket, mount, tmp_path):
+    mnt = mount(local_bucket.as_uri())
+    pid = int(os.getxattr(mnt, "user.avafs.pid"))
+    os.kill(pid, 9)
+    wait_until_dead(pid)
+    line = one_line_error(run_avafs("mount", local_bucket.as_uri(), str(mnt),
+                                    "--cache-dir", str(tmp_path / "c2")))
+    assert "dead mount" in line and "avafs umount" in line
+    assert run_avafs("umount", str(mnt)).returncode == 0
+    mount(local_bucket.as_uri(), mountpoint=mnt)
+    assert os.listdir(mnt) == []
+
+
+def wait_until_dead(pid: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().split(") ")[1].startswith("Z"):
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"pid {pid} still alive")
+
+
+def _in_private_mount_namespace(setup: str, *args: str) -> subprocess.CompletedProcess:
+    """Run avafs where `setup` has hidden something, without touching the real system."""
+    command = " ".join([setup, "&&", "exec", *(f"'{a}'" for a in AVAFS + list(args))])
+    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", command],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_dev_fuse_missing(local_bucket, mnt, tmp_path):
+    result = _in_private_mount_namespace("mount --bind /dev/null /dev/fuse && rm -f /tmp/.x",
+                                         "mount", local_bucket.as_uri(), str(mnt),
+                                         "--cache-dir", str(tmp_path / "c"))
+    if "/dev/fuse" not in result.stderr:
+        result = _in_private_mount_namespace(
+            "mount -t tmpfs none /dev", "mount", local_bucket.as_uri(), str(mnt),
+            "--cache-dir", str(tmp_path / "c"))
+    line = one_line_error(result)
+    assert "/dev/fuse" in line
+
+
+def test_libfuse_missing(local_bucket, mnt, tmp_path):
+    libraries = glob.glob("/usr/lib/*/libfuse3.so.3*") + glob.glob("/lib/*/libfuse3.so.3*")
+    assert libraries, "libfuse3 is installed on test machines"
+    hide = " && ".join(f"mount --bind /dev/null {path}" for path in libraries)
+    line = one_line_error(_in_private_mount_namespace(
+        hide, "mount", local_bucket.as_uri(), str(mnt), "--cache-dir", str(tmp_path / "c")))
+    assert "libfuse3" in line and "apt-get install" in line
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--ram-cache", "lots"], "invalid --ram-cache"),
+    (["--disk-cache", "12XB"], "invalid --disk-cache"),
+    (["--block-size", "0"], "invalid --block-size"),
+    (["--high-watermark", "1.5"], "invalid --high-watermark"),
+    (["--low-watermark", "0.95"], "invalid watermarks"),
+    (["--metadata-ttl", "-3"], "invalid --metadata-ttl"),
+    (["--writeback", "sometimes"], "invalid --writeback"),
+])
+def test_invalid_option_values(local_bucket, mnt, tmp_path, flags, expected):
+    line = one_line_error(run_avafs("mount", local_bucket.as_uri(), str(mnt), *flags,
+                                    "--cache-dir", str(tmp_path / "c")))
+    assert expected in line
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("namespace:\n  data: s3://b\n  bad: [unclosed\n", "line 4"),
+    ("namespace:\n  data: file:///tmp\ndisk_cache: huge\n", "line 3"),
+    ("namespace:\n  data: file:///tmp\ncolour: blue\n", "unknown config key 'colour'"),
+    ("disk_cache: 1GiB\n", "no 'namespace'"),
+    ("namespace:\n  a/b: file:///tmp\n", "without '/'"),
+])
+def test_bad_config(mnt, tmp_path, text, expected):
+    config = tmp_path / "avafs.yaml"
+    config.write_text(text)
+    line = one_line_error(run_avafs("mount", "--config", str(config), str(mnt),
+                                    "--cache-dir", str(tmp_path / "c")))
+    assert expected in line and str(config) in line
+
+
+def test_umount_of_something_not_mounted(mnt):
+    line = one_line_error(run_avafs("umount", str(mnt)))
+    assert "not mounted" in line
+
+
+def test_missing_arguments_are_one_line(tmp_path):
+    line = one_line_error(run_avafs("mount", "file:///tmp"))
+    assert "SOURCE and MOUNTPOINT" in line
+
+
+def test_unshare_is_available():
+    assert shutil.which("unshare") and sys.platform == "linux"

@@ -1,0 +1,225 @@
+"""Reading through real mounts of a file:// directory and of an S3 bucket on moto's server."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import threading
+from pathlib import Path
+
+import pytest
+from datasets import Bucket, payload, sha256
+
+MiB = 2**20
+
+
+@pytest.fixture(params=["file", "s3"])
+def source(request, tmp_path) -> Bucket:
+    if request.param == "file":
+        root = tmp_path / "bucket"
+        root.mkdir()
+        return Bucket(root.as_uri(), [], local_root=root)
+    server = request.getfixturevalue("s3_server")
+    name = request.getfixturevalue("bucket")
+    return Bucket(f"s3://{name}", ["--endpoint-url", server.endpoint],
+                  s3_client=server.client(), s3_bucket=name)
+
+
+def gets(server, bucket: str) -> list[str]:
+    return [line for line in server.requests() if line.startswith(f"GET /{bucket}/")
+            and "list-type" not in line and "prefix=" not in line]
+
+
+def test_large_file_is_bit_exact(source, mount):
+    data = payload(1, 9 * MiB + 12345)
+    source.put("data/large.bin", data)
+    mnt = mount(source.url, *source.mount_args, "--block-size", "1MiB")
+    assert sha256((mnt / "data" / "large.bin").read_bytes()) == sha256(data)
+    assert os.stat(mnt / "data" / "large.bin").st_size == len(data)
+
+
+def test_random_and_ranged_reads_at_block_boundaries(source, mount):
+    block = 256 * 1024
+    data = payload(2, 5 * block + 777)
+    source.put("ranged.bin", data)
+    mnt = mount(source.url, *source.mount_args, "--block-size", str(block), "--read-ahead", "0")
+    rng = random.Random(7)
+    ranges = [(b * block + delta, size) for b in range(6) for delta in (-1, 0, 1)
+              for size in (1, 2, 4096, block, block + 3) if b * block + delta >= 0]
+    ranges += [(rng.randrange(len(data)), rng.randrange(1, 3 * block)) for _ in range(50)]
+    ranges.append((len(data) - 10, 100))
+    ranges.append((len(data) + 10, 100))
+    rng.shuffle(ranges)
+    fd = os.open(mnt / "ranged.bin", os.O_RDONLY)
+    try:
+        for offset, size in ranges:
+            assert os.pread(fd, size, offset) == data[offset:offset + size], (offset, size)
+    finally:
+        os.close(fd)
+
+
+def test_2000_small_files_in_one_prefix(source, mount):
+    files = {f"small/{i:05d}.bin": payload(i, 1000 + i) for i in range(2000)}
+    source.put_many(files)
+    mnt = mount(source.url, *source.mount_args)
+    names = sorted(os.listdir(mnt / "small"))
+    assert names == sorted(key.split("/")[1] for key in files)
+    for key, data in files.items():
+        assert (mnt / key).read_bytes() == data
+
+
+def test_implicit_and_marker_directories(source, mount):
+    source.put("a/b/c/deep.txt", b"deep")
+    source.put("a/top.txt", b"top")
+    if source.local_root is None:
+        source.put("marked/", b"")
+        source.put("marked/inside.txt", b"inside")
+        source.put("empty-marker/", b"")
+    mnt = mount(source.url, *source.mount_args)
+    assert (mnt / "a" / "b" / "c" / "deep.txt").read_bytes() == b"deep"
+    assert sorted(os.listdir(mnt / "a")) == ["b", "top.txt"]
+    assert (mnt / "a" / "b").is_dir()
+    if source.local_root is None:
+        assert sorted(os.listdir(mnt / "marked")) == ["inside.txt"]
+        assert (mnt / "empty-marker").is_dir() and os.listdir(mnt / "empty-marker") == []
+    assert not (mnt / "a" / "missing").exists()
+
+
+def test_keys_that_cannot_be_paths_are_hidden(s3_server, bucket, mount, tmp_path):
+    client = s3_server.client()
+    for key in ("ok/fine.txt", "ok//double.txt", "ok/../escape.txt", "ok/./dot.txt",
+                "x" * 300, "file-and-dir", "file-and-dir/child.txt"):
+        client.put_object(Bucket=bucket, Key=key, Body=b"x")
+    mnt = mount(f"s3://{bucket}", "--endpoint-url", s3_server.endpoint)
+    assert sorted(os.listdir(mnt)) == ["file-and-dir", "ok"]
+    assert os.listdir(mnt / "ok") == ["fine.txt"]
+    assert (mnt / "file-and-dir").is_dir()
+    log = (tmp_path / "cache" / "avafs.log").read_text()
+    for hidden in ("'ok//'", "'ok/../'", "'ok/./'", "'" + "x" * 300 + "'"):
+        assert log.count(hidden) == 1, hidden
+    os.listdir(mnt / "ok")
+    assert log.count("'ok//'") == 1
+
+
+def test_two_sources_in_one_namespace(s3_server, bucket, s3_env, mount, tmp_path):
+    s3_server.client().put_object(Bucket=bucket, Key="train/x.bin", Body=b"from-s3")
+    local = tmp_path / "local"
+    (local / "logs").mkdir(parents=True)
+    (local / "logs" / "y.txt").write_bytes(b"from-disk")
+    config = tmp_path / "avafs.yaml"
+    config.write_text(f"namespace:\n  datasets: s3://{bucket}\n  scratch: {local.as_uri()}\n"
+                      f"endpoint_url: {s3_server.endpoint}\nmetadata_ttl: inf\n")
+    mnt = mount("--config", str(config))
+    assert sorted(os.listdir(mnt)) == ["datasets", "scratch"]
+    assert (mnt / "datasets" / "train" / "x.bin").read_bytes() == b"from-s3"
+    assert (mnt / "scratch" / "logs" / "y.txt").read_bytes() == b"from-disk"
+
+
+def test_second_read_sends_no_get(s3_server, bucket, mount):
+    data = payload(3, 6 * MiB)
+    s3_server.client().put_object(Bucket=bucket, Key="epoch.bin", Body=data)
+    mnt = mount(f"s3://{bucket}", "--endpoint-url", s3_server.endpoint, "--block-size", "1MiB")
+    assert (mnt / "epoch.bin").read_bytes() == data
+    first = len(gets(s3_server, bucket))
+    assert first == 6
+    os.posix_fadvise(os.open(mnt / "epoch.bin", os.O_RDONLY), 0, 0, os.POSIX_FADV_DONTNEED)
+    for _ in range(2):
+        assert (mnt / "epoch.bin").read_bytes() == data
+    assert len(gets(s3_server, bucket)) == first
+
+
+def test_disk_tier_is_reused_after_remount(s3_server, bucket, mount, tmp_path):
+    data = {f"f{i}.bin": payload(10 + i, 300_000) for i in range(5)}
+    client = s3_server.client()
+    for key, value in data.items():
+        client.put_object(Bucket=bucket, Key=key, Body=value)
+    args = ("--endpoint-url", s3_server.endpoint, "--ram-cache", "0")
+    mnt = mount(f"s3://{bucket}", *args)
+    for key, value in data.items():
+        assert (mnt / key).read_bytes() == value
+    before = len(gets(s3_server, bucket))
+    assert before == 5
+    from conftest import unmount
+
+    unmount(mnt)
+    mnt = mount(f"s3://{bucket}", *args, mountpoint=mnt)
+    for key, value in data.items():
+        assert (mnt / key).read_bytes() == value
+    assert len(gets(s3_server, bucket)) == before
+
+
+def test_changed_etag_is_reread(source, mount):
+    source.put("model.txt", b"version one")
+    mnt = mount(source.url, *source.mount_args, "--metadata-ttl", "0")
+    assert (mnt / "model.txt").read_bytes() == b"version one"
+    source.put("model.txt", b"version two, longer")
+    if source.local_root is not None:
+        os.utime(source.local_root / "model.txt", ns=(1, 1))
+    assert (mnt / "model.txt").read_bytes() == b"version two, longer"
+
+
+def test_immutable_mount_never_revalidates(s3_server, bucket, mount):
+    client = s3_server.client()
+    client.put_object(Bucket=bucket, Key="frozen.txt", Body=b"same")
+    mnt = mount(f"s3://{bucket}", "--endpoint-url", s3_server.endpoint, "--immutable")
+    assert (mnt / "frozen.txt").read_bytes() == b"same"
+    requests = len(s3_server.requests())
+    for _ in range(3):
+        assert (mnt / "frozen.txt").read_bytes() == b"same"
+        os.listdir(mnt)
+    assert len(s3_server.requests()) == requests
+
+
+def _usage(directory: Path) -> int:
+    return sum(os.stat(path).st_blocks * 512 for path in directory.rglob("*") if path.is_file())
+
+
+def test_disk_usage_stays_under_cap_for_three_times_the_cache(source, mount, tmp_path):
+    cap = 4 * MiB
+    block = 256 * 1024
+    files = {f"epoch/{i:02d}.bin": payload(100 + i, 700_000) for i in range(18)}
+    source.put_many(files)
+    mnt = mount(source.url, *source.mount_args, "--disk-cache", str(cap), "--ram-cache", "1MiB",
+                "--block-size", str(block), "--read-ahead", "2")
+    blocks_dir = tmp_path / "cache" / "disk" / "blocks"
+    peak = 0
+    for _ in range(2):
+        for key, data in files.items():
+            assert sha256((mnt / key).read_bytes()) == sha256(data)
+            peak = max(peak, _usage(blocks_dir))
+    assert 0 < peak <= cap + block
+
+
+def test_concurrent_readers_share_fetches(s3_server, bucket, mount):
+    data = payload(5, 8 * MiB)
+    s3_server.client().put_object(Bucket=bucket, Key="shared.bin", Body=data)
+    mnt = mount(f"s3://{bucket}", "--endpoint-url", s3_server.endpoint, "--block-size", "1MiB")
+    digests: list[str] = []
+
+    def reader() -> None:
+        with open(mnt / "shared.bin", "rb") as file:
+            digest = hashlib.sha256()
+            while chunk := file.read(100_000):
+                digest.update(chunk)
+        digests.append(digest.hexdigest())
+
+    threads = [threading.Thread(target=reader) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert digests == [sha256(data)] * 8
+    assert len(gets(s3_server, bucket)) == 8
+
+
+def test_writes_are_refused_with_erofs(source, mount):
+    source.put("ro.txt", b"read only")
+    mnt = mount(source.url, *source.mount_args)
+    for action in (lambda: os.open(mnt / "new.txt", os.O_WRONLY | os.O_CREAT),
+                   lambda: os.open(mnt / "ro.txt", os.O_WRONLY | os.O_APPEND),
+                   lambda: os.mkdir(mnt / "d"), lambda: os.unlink(mnt / "ro.txt")):
+        with pytest.raises(OSError) as error:
+            action()
+        assert error.value.errno == 30  # EROFS
+    assert (mnt / "ro.txt").read_bytes() == b"read only"
