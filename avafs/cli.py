@@ -7,21 +7,25 @@ once the mount is usable, so the next line of a script can read from it.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, NoReturn
 
 from . import __version__
 from .cache_dir import log_path
+from .client import Client
 from .config_file import load_config
 from .errors import AvafsError
 from .mounts import AVAFS_FSTYPE, is_dead, mount_at
 from .options import MOUNT_OPTIONS, MountOptions, build_mount_options, parse_option
+from .processes import wait_for_exit
+from .progress import WarmupProgress, summary
+from .status_text import format_status
 
 _DAEMON_START_TIMEOUT = 120.0
 
@@ -61,6 +65,39 @@ def _add_umount_parser(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=_umount)
 
 
+def _add_control_parsers(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "warmup", help="load files into the cache before training",
+        description="Load files (directories recursively) and manifest entries into the "
+                    "cache of the mount they are in, in parallel, with progress.")
+    parser.add_argument("paths", nargs="*", type=Path, metavar="PATH")
+    parser.add_argument("--manifest", type=Path, metavar="FILE",
+                        help='JSON Lines file of {"path": ...} (relative to the mount) or '
+                             '{"url": "s3://bucket/key"} entries')
+    parser.add_argument("--mount", type=Path, metavar="MOUNTPOINT",
+                        help="the mount a manifest refers to (default: the one PATH or the "
+                             "current directory is in)")
+    parser.add_argument("--threads", type=int, default=8, help="parallel fetches (default 8)")
+    parser.add_argument("--tier", choices=("disk", "ram"), default="disk",
+                        help="fill the disk tier (default) or RAM as well")
+    parser.add_argument("--background", action="store_true",
+                        help="return at once; 'avafs status' shows the progress")
+    parser.set_defaults(run=_warmup)
+
+    parser = commands.add_parser("status", help="show cache, upload and warmup state",
+                                 description="Show a mount's tiers, hit ratio, store traffic, "
+                                             "dirty data, warmups and recent errors.")
+    parser.add_argument("mountpoint", type=Path)
+    parser.add_argument("--json", action="store_true", help="the documented JSON document")
+    parser.set_defaults(run=_status)
+
+    parser = commands.add_parser("evict", help="drop clean cached data",
+                                 description="Drop the cached blocks of files (directories "
+                                             "recursively). Dirty data is never dropped.")
+    parser.add_argument("paths", nargs="+", type=Path, metavar="PATH")
+    parser.set_defaults(run=_evict)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="avafs", description="A caching filesystem for training jobs: "
                            "object-storage buckets as one local directory tree.")
@@ -69,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      parser_class=OneLineParser)
     _add_mount_parser(commands)
     _add_umount_parser(commands)
+    _add_control_parsers(commands)
     return parser
 
 
@@ -160,17 +198,6 @@ def _daemon_pid(mountpoint: Path) -> int | None:
         return None
 
 
-def _wait_for_exit(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def _umount(args: argparse.Namespace) -> int:
     mountpoint = Path(os.path.abspath(args.mountpoint))
     entry = mount_at(mountpoint)
@@ -189,10 +216,60 @@ def _umount(args: argparse.Namespace) -> int:
         reason = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "failed"
         raise AvafsError(f"cannot unmount {mountpoint}: {reason} (close files and leave the "
                          "directory, then retry)")
-    if pid is not None and not _wait_for_exit(pid, 120):
+    if pid is not None and not wait_for_exit(pid, 120):
         raise AvafsError(f"unmounted {mountpoint}, but its daemon (pid {pid}) is still "
                          "finishing; see its log")
     return 0
+
+
+def _client_for(paths: list[Path], mount: Path | None) -> Client:
+    if mount is not None:
+        return Client(mount)
+    anchors = [Path(os.path.abspath(path)) for path in paths] or [Path.cwd()]
+    client = Client.for_path(anchors[0])
+    for anchor in anchors[1:]:
+        client.relative(anchor)
+    return client
+
+
+def _warmup(args: argparse.Namespace) -> int:
+    if not args.paths and args.manifest is None:
+        raise AvafsError("give PATHs to warm up, or --manifest FILE")
+    client = _client_for(args.paths, args.mount)
+    paths = [os.path.abspath(path) for path in args.paths]
+    if args.background:
+        state = client.warmup(paths, args.manifest, args.threads, args.tier, background=True)
+        print(f"warmup {state['id']} started in the background; follow it with "
+              f"'avafs status {client.mountpoint}'")
+        return 0
+    with WarmupProgress() as progress:
+        state = client.warmup(paths, args.manifest, args.threads, args.tier,
+                              progress=progress.update)
+    print(summary(state))
+    if state["files_skipped_for_space"]:
+        print(f"avafs: warning: the set is larger than the {args.tier} tier; "
+              f"{state['files_skipped_for_space']} files were not warmed", file=sys.stderr)
+    for failure in state["failures"]:
+        print(f"avafs: failed: {failure['path']}: {failure['error']}", file=sys.stderr)
+    return 1 if state["files_failed"] or state["state"] == "failed" else 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    status = Client(args.mountpoint).status()
+    if args.json:
+        print(json.dumps(status, indent=2, sort_keys=True))
+    else:
+        print(format_status(status))
+    return 0
+
+
+def _evict(args: argparse.Namespace) -> int:
+    client = _client_for(args.paths, None)
+    result = client.evict([os.path.abspath(path) for path in args.paths])
+    print(f"evicted {result['blocks']} cached blocks of {result['files']} files")
+    for failure in result["failures"]:
+        print(f"avafs: failed: {failure['path']}: {failure['error']}", file=sys.stderr)
+    return 1 if result["failures"] else 0
 
 
 def parse_args(argv: list[str] | None) -> Any:

@@ -13,22 +13,27 @@ import logging.handlers
 import os
 import signal
 import sys
+import time
 from contextlib import ExitStack
 from pathlib import Path
 
+import prometheus_client
 import trio
 
 from .cache_dir import DISK_TIER_DIR, LOCK_FILE, PID_FILE, log_path
+from .control import SOCKET_NAME, ControlServer, Progress
 from .errors import AvafsError
 from .fuse_ops import AvafsOperations
 from .metrics import Metrics
 from .namespace import Namespace
 from .options import MountOptions
+from .status import RecentErrors, build_status
 from .stores import open_store
 from .stores.instrumented import InstrumentedStore
 from .tiers.disk import DiskTier
 from .tiers.ram import RamTier
 from .tiers.stack import TierStack
+from .warmup import Prefetcher, WarmupRunner, expand
 
 log = logging.getLogger("avafs")
 
@@ -57,10 +62,15 @@ def lock_cache_dir(cache_dir: Path, exits: ExitStack) -> None:
 
 
 class Filesystem:
-    """The data path of one mount, top to bottom (DESIGN.md)."""
+    """The data path of one mount, top to bottom (DESIGN.md), and its control plane."""
 
-    def __init__(self, options: MountOptions) -> None:
+    def __init__(self, options: MountOptions, mountpoint: Path) -> None:
         self.options = options
+        self.mountpoint = mountpoint
+        self.pid = os.getpid()
+        self.started_at = time.time()
+        self.recent_errors = RecentErrors()
+        logging.getLogger().addHandler(self.recent_errors)
         self.metrics = Metrics()
         self.stores = {
             name: InstrumentedStore(open_store(url, options.endpoint_url, options.region),
@@ -76,11 +86,56 @@ class Filesystem:
         self.stack = TierStack(ram, disk, options.block_size, options.inflight_memory,
                                self.metrics)
         self.namespace = Namespace(self.stores, options.effective_metadata_ttl)
+        self.warmups = WarmupRunner(self.namespace, self.stack, self.metrics)
+        self.prefetcher = Prefetcher(self.namespace, self.stack)
+        self._watch_gauges()
+        control_socket = options.cache_dir / SOCKET_NAME
         self.operations = AvafsOperations(self.namespace, self.stack, options,
-                                          {"pid": str(os.getpid()),
-                                           "cache_dir": str(options.cache_dir)})
+                                          {"pid": str(self.pid),
+                                           "cache_dir": str(options.cache_dir),
+                                           "control": str(control_socket)})
+        self.control = ControlServer(control_socket, {
+            "status": lambda request, progress: build_status(self),
+            "warmup": self._warmup,
+            "prefetch": lambda request, progress: {
+                "queued": self.prefetcher.submit(request["items"])},
+            "evict": self._evict,
+        })
+        if options.metrics_addr:
+            host, port = options.metrics_addr
+            prometheus_client.start_http_server(port, host, registry=self.metrics.registry)
+
+    def _watch_gauges(self) -> None:
+        metrics = self.metrics
+        for tier in (self.stack.ram, self.stack.disk):
+            metrics.tier_used.labels(tier.name).set_function(lambda tier=tier: tier.used)
+            metrics.tier_files.labels(tier.name).set_function(lambda tier=tier: len(tier))
+            metrics.tier_capacity.labels(tier.name).set(tier.capacity)
+        metrics.warmups_running.set_function(
+            lambda: sum(job.finished_at is None for job in self.warmups.running()))
+        metrics.prefetch_pending.set_function(lambda: self.prefetcher.pending)
+
+    def dirty_status(self) -> dict[str, int]:
+        return {"bytes": 0, "files": 0, "upload_queue": 0, "uploading": 0}
+
+    def _warmup(self, request: dict, progress: Progress) -> dict:
+        job = self.warmups.start(request["items"], int(request.get("threads", 8)),
+                                 str(request.get("tier", "disk")))
+        if not request.get("background"):
+            while job.finished_at is None:
+                progress(job.as_dict())
+                time.sleep(0.5)
+        return job.as_dict()
+
+    def _evict(self, request: dict, progress: Progress) -> dict:
+        failures: list[tuple[str, str]] = []
+        targets = expand(self.namespace, request["items"], failures)
+        blocks = sum(self.stack.evict(target.ref.source, target.ref.key) for target in targets)
+        return {"files": len(targets), "blocks": blocks,
+                "failures": [{"path": path, "error": error} for path, error in failures]}
 
     def close(self) -> None:
+        self.control.close()
         self.stack.close()
 
 
@@ -93,7 +148,7 @@ def serve(options: MountOptions, mountpoint: Path, ready_fd: int | None) -> int:
             lock_cache_dir(options.cache_dir, exits)
             import pyfuse3
 
-            filesystem = Filesystem(options)
+            filesystem = Filesystem(options, mountpoint)
             exits.callback(filesystem.close)
             fuse_options = set(pyfuse3.default_options) | {"fsname=avafs", "subtype=avafs"}
             if options.allow_other:

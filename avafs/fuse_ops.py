@@ -22,7 +22,7 @@ import pyfuse3
 import trio
 
 from .errors import ObjectChangedError, StoreError
-from .namespace import ROOT_INODE, Namespace, Node
+from .namespace import ROOT_INODE, Entry, Namespace, Node
 from .options import MountOptions
 from .tiers.blocks import block_span
 from .tiers.stack import ObjectRef, TierStack
@@ -42,6 +42,13 @@ class OpenFile:
     """Block a sequential reader will ask for next; a read that starts there is sequential."""
 
 
+@dataclass(slots=True)
+class OpenDirectory:
+    node: Node
+    entries: list[Entry] | None = None
+    """The listing this handle pages through, fixed at its first readdir for consistency."""
+
+
 class AvafsOperations(pyfuse3.Operations):
     def __init__(self, namespace: Namespace, stack: TierStack, options: MountOptions,
                  xattrs: dict[str, str]) -> None:
@@ -52,12 +59,17 @@ class AvafsOperations(pyfuse3.Operations):
         self.xattrs = {_XATTR_PREFIX + name.encode(): value.encode()
                        for name, value in xattrs.items()}
         self._open: dict[int, OpenFile] = {}
-        self._next_fh = 1
+        self._dirs: dict[int, OpenDirectory] = {}
+        self._next_fh = 0
         self._limiter = trio.CapacityLimiter(64)
         self._timeout = min(options.effective_metadata_ttl, _KERNEL_TIMEOUT_CAP)
         self._uid = os.getuid()
         self._gid = os.getgid()
         self._started_ns = time.time_ns()
+
+    def _new_fh(self) -> int:
+        self._next_fh += 1
+        return self._next_fh
 
     async def _blocking(self, function: Callable[..., T], *args: object) -> T:
         try:
@@ -107,7 +119,7 @@ class AvafsOperations(pyfuse3.Operations):
             return self._attributes(parent)
         if text == "..":
             return self._attributes(self.namespace.node(parent.parent))
-        listing = self.namespace.cached_listing(parent)
+        listing = self.namespace.cached_listing(parent.source, parent.key)
         if listing is not None:
             entry = listing.entries.get(text)
             node = self.namespace.child(parent, entry) if entry else None
@@ -146,17 +158,24 @@ class AvafsOperations(pyfuse3.Operations):
     # --- directories -------------------------------------------------------------------------
 
     async def opendir(self, inode: int, ctx=None) -> int:
-        if not self.namespace.node(inode).is_dir:
+        directory = self.namespace.node(inode)
+        if not directory.is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
-        return inode
+        fh = self._new_fh()
+        self._dirs[fh] = OpenDirectory(directory)
+        return fh
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
-        directory = self.namespace.node(fh)
-        listing = self.namespace.cached_listing(directory)
-        if listing is None or start_id == 0:
-            listing = await self._blocking(self.namespace.listing, directory)
-        for position in range(start_id, len(listing.ordered)):
-            entry = listing.ordered[position]
+        handle = self._dirs[fh]
+        directory = handle.node
+        if handle.entries is None or start_id == 0:
+            listing = self.namespace.cached_listing(directory.source, directory.key)
+            if listing is None:
+                listing = await self._blocking(self.namespace.listing, directory.source,
+                                               directory.key)
+            handle.entries = listing.ordered
+        for position in range(start_id, len(handle.entries)):
+            entry = handle.entries[position]
             node = self.namespace.child(directory, entry)
             if not pyfuse3.readdir_reply(token, os.fsencode(entry.name), self._attributes(node),
                                          position + 1):
@@ -164,7 +183,7 @@ class AvafsOperations(pyfuse3.Operations):
                 break
 
     async def releasedir(self, fh: int) -> None:
-        return None
+        self._dirs.pop(fh, None)
 
     # --- files ---------------------------------------------------------------------------------
 
@@ -181,10 +200,8 @@ class AvafsOperations(pyfuse3.Operations):
                 raise pyfuse3.FUSEError(errno.ENOENT)
         keep_cache = node.kernel_cached_etag == info.etag
         node.kernel_cached_etag = info.etag
-        fh = self._next_fh
-        self._next_fh += 1
-        store = self.namespace.stores[node.source]
-        self._open[fh] = OpenFile(ObjectRef(node.source, store, node.key, info.etag, info.size))
+        fh = self._new_fh()
+        self._open[fh] = OpenFile(self.namespace.object_ref(node.source, info))
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep_cache)
 
     async def read(self, fh: int, off: int, size: int) -> bytes:

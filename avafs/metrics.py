@@ -31,6 +31,17 @@ class Metrics:
         self.tier_files = Gauge("avafs_tier_files", "Blocks held by a tier", ["tier"], registry=r)
         self.tier_capacity = Gauge("avafs_tier_capacity_bytes", "Configured tier size", ["tier"],
                                    registry=r)
+        self.warmup_files = Counter("avafs_warmup_files", "Files loaded by warmups", registry=r)
+        self.warmup_bytes = Counter("avafs_warmup_bytes", "Bytes loaded by warmups", registry=r)
+        self.warmups_running = Gauge("avafs_warmups_running", "Warmups in progress", registry=r)
+        self.prefetch_pending = Gauge("avafs_prefetch_pending", "Prefetch hints waiting",
+                                      registry=r)
+        self.dirty_bytes = Gauge("avafs_dirty_bytes", "Written bytes not yet in the store",
+                                 registry=r)
+        self.upload_queue = Gauge("avafs_upload_queue_length", "Files waiting for upload",
+                                  registry=r)
+        self.upload_failures = Counter("avafs_upload_failures", "Upload attempts that failed "
+                                       "(each is retried)", registry=r)
         for tier in TIERS:
             self.hits.labels(tier)
             self.evictions.labels(tier)

@@ -13,11 +13,12 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from .stores.base import ObjectInfo, ObjectStore
+from .tiers.stack import ObjectRef
 
 log = logging.getLogger(__name__)
 
@@ -135,19 +136,19 @@ class Namespace:
 
     # --- listings ----------------------------------------------------------------------------
 
-    def cached_listing(self, directory: Node) -> _Listing | None:
+    def cached_listing(self, source: str, prefix: str) -> _Listing | None:
         """The listing if it is cached and fresh (no I/O), else None."""
-        listing = self._listings.get((directory.source, directory.key))
+        listing = self._listings.get((source, prefix))
         if listing is not None and self.is_fresh(listing.fetched_at):
             return listing
         return None
 
-    def listing(self, directory: Node) -> _Listing:
+    def listing(self, source: str, prefix: str) -> _Listing:
         """The directory's listing, fetched from the store when stale (blocks)."""
-        cached = self.cached_listing(directory)
+        cached = self.cached_listing(source, prefix)
         if cached is not None:
             return cached
-        slot = (directory.source, directory.key)
+        slot = (source, prefix)
         with self._lock:
             loading = self._listing_loads.get(slot)
             owner = loading is None
@@ -156,7 +157,7 @@ class Namespace:
         if not owner:
             return loading.result()
         try:
-            listing = self._fetch_listing(directory)
+            listing = self._fetch_listing(source, prefix)
             with self._lock:
                 self._listings[slot] = listing
             loading.set_result(listing)
@@ -168,20 +169,20 @@ class Namespace:
             with self._lock:
                 self._listing_loads.pop(slot, None)
 
-    def _fetch_listing(self, directory: Node) -> _Listing:
+    def _fetch_listing(self, source: str, prefix: str) -> _Listing:
         fetched_at = self._clock()
-        result = self.stores[directory.source].list_dir(directory.key)
+        result = self.stores[source].list_dir(prefix)
         entries: dict[str, Entry] = {}
-        skip = len(directory.key)
-        for prefix in result.prefixes:
-            name = prefix[skip:-1]
-            if self._acceptable(directory, name, prefix):
+        skip = len(prefix)
+        for sub_prefix in result.prefixes:
+            name = sub_prefix[skip:-1]
+            if self._acceptable(source, name, sub_prefix):
                 entries[name] = Entry(name, None)
         for info in result.objects:
             name = info.key[skip:]
             if name == "" or info.key.endswith("/"):
                 continue  # a directory marker object, or a key that cannot be a file
-            if not self._acceptable(directory, name, info.key):
+            if not self._acceptable(source, name, info.key):
                 continue
             if name in entries:
                 self._report(info.key, f"hiding object {info.key!r}: a directory of the same "
@@ -191,10 +192,10 @@ class Namespace:
         ordered = sorted(entries.values(), key=lambda entry: entry.name)
         return _Listing(fetched_at, entries, ordered)
 
-    def _acceptable(self, directory: Node, name: str, key: str) -> bool:
+    def _acceptable(self, source: str, name: str, key: str) -> bool:
         if valid_name(name) and "/" not in name:
             return True
-        self._report(key, f"hiding key {key!r} in {directory.source or 'the source'}: it "
+        self._report(key, f"hiding key {key!r} in {source or 'the source'}: it "
                      "cannot be a path (empty segment, '.', '..', NUL or a name over 255 bytes)")
         return False
 
@@ -207,7 +208,7 @@ class Namespace:
 
     def lookup(self, parent: Node, name: str) -> Node | None:
         """The child called `name`, or None; lists the parent if its listing is stale."""
-        entry = self.listing(parent).entries.get(name)
+        entry = self.listing(parent.source, parent.key).entries.get(name)
         return self.child(parent, entry) if entry else None
 
     def revalidate(self, node: Node) -> ObjectInfo | None:
@@ -219,3 +220,49 @@ class Namespace:
             node.info = info or node.info
             node.checked_at = self._clock()
         return info
+
+    def object_ref(self, source: str, info: ObjectInfo) -> ObjectRef:
+        """What the tiers read; blocks are named by the store's URL, not the directory name,
+        so renaming a namespace entry keeps its cache and two sources never share blocks."""
+        store = self.stores[source]
+        return ObjectRef(store.url, store, info.key, info.etag, info.size)
+
+    # --- paths, for the control plane ------------------------------------------------------
+
+    def resolve(self, relative: str) -> tuple[str, str, ObjectInfo | None]:
+        """(source, key, info) of a file or (source, prefix, None) of a directory, by its path
+        relative to the mount; raises FileNotFoundError. Creates no inodes."""
+        parts = [part for part in relative.split("/") if part not in ("", ".")]
+        source, prefix = "", ""
+        if not self.single_source:
+            if not parts:
+                raise IsADirectoryError("the namespace root spans every source; name one")
+            source = parts.pop(0)
+            if source not in self.stores:
+                raise FileNotFoundError(relative)
+        for position, part in enumerate(parts):
+            entry = self.listing(source, prefix).entries.get(part)
+            if entry is None:
+                raise FileNotFoundError(relative)
+            if entry.info is not None:
+                if position != len(parts) - 1:
+                    raise FileNotFoundError(relative)
+                return source, entry.info.key, entry.info
+            prefix = f"{prefix}{part}/"
+        return source, prefix, None
+
+    def walk(self, source: str, prefix: str) -> Iterator[ObjectInfo]:
+        """Every object under a directory, depth first, in name order."""
+        for entry in self.listing(source, prefix).ordered:
+            if entry.info is not None:
+                yield entry.info
+            else:
+                yield from self.walk(source, f"{prefix}{entry.name}/")
+
+    def path_of_url(self, url: str) -> str:
+        """The mount-relative path of `s3://bucket/key` (or file://) inside this namespace."""
+        for name, store in self.stores.items():
+            root = store.url.rstrip("/") + "/"
+            if url.startswith(root):
+                return f"{name}/{url[len(root):]}".lstrip("/")
+        raise FileNotFoundError(f"{url} is in none of this mount's sources")

@@ -82,6 +82,13 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def _address(value: Any) -> tuple[str, int]:
+    host, separator, port = str(value).rpartition(":")
+    if not separator or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"must be HOST:PORT, e.g. 127.0.0.1:9100, got {value!r}")
+    return host or "0.0.0.0", int(port)
+
+
 def default_cache_dir() -> str:
     if os.geteuid() == 0:
         return "/var/cache/avafs"
@@ -136,6 +143,8 @@ MOUNT_OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("region", _text, None, "S3 region (default: the AWS configuration's)", metavar="REGION"),
     OptionSpec("allow_other", _flag, False, "let users other than the mounting one use the mount",
                is_flag=True),
+    OptionSpec("metrics_addr", _address, None,
+               "serve Prometheus metrics on HOST:PORT (default: off)", metavar="HOST:PORT"),
     OptionSpec("log_level", _choice("debug", "info", "warning", "error"), "info",
                "log verbosity (default info)", metavar="LEVEL"),
 )
@@ -167,6 +176,7 @@ class MountOptions:
     endpoint_url: str | None
     region: str | None
     allow_other: bool
+    metrics_addr: tuple[str, int] | None
     log_level: str
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -24,6 +24,18 @@ class RamTier:
     def used(self) -> int:
         return self._lru.used_bytes
 
+    @property
+    def capacity_files(self) -> int:
+        return self._lru.capacity_entries
+
+    @property
+    def high_watermark(self) -> float:
+        return self._lru.high_watermark
+
+    @property
+    def low_watermark(self) -> float:
+        return self._lru.low_watermark
+
     def __len__(self) -> int:
         return len(self._lru)
 

@@ -67,6 +67,7 @@ class TierStack:
                 return None
             parts.append(data)
         self.metrics.hits.labels("ram").inc(len(parts))
+        self.metrics.bytes_served.labels("ram").inc(sum(map(len, parts)))
         return self._slice(parts, offset, size, ref)
 
     def read(self, ref: ObjectRef, offset: int, size: int) -> bytes:
@@ -95,7 +96,22 @@ class TierStack:
             return parts[0][start:end]
         return b"".join(parts)[start:end]
 
-    def _block_future(self, ref: ObjectRef, index: int, wait_for_slot: bool) -> Future[bytes] | None:
+    def is_cached(self, ref: ObjectRef, index: int, tier: str) -> bool:
+        """Whether a block is already in `tier` ("ram", or "disk", where RAM counts too)."""
+        block = ref.block(index)
+        return block in self.ram or (tier == "disk" and block in self.disk)
+
+    def load(self, ref: ObjectRef, index: int, to_ram: bool, wait: bool = True) -> bool:
+        """Bring one block into the cache for warmup and prefetch; False if no fetch slot was
+        free and `wait` is False (such callers yield to demand reads and retry)."""
+        future = self._block_future(ref, index, wait_for_slot=wait, to_ram=to_ram)
+        if future is None:
+            return False
+        future.result()
+        return True
+
+    def _block_future(self, ref: ObjectRef, index: int, wait_for_slot: bool,
+                      to_ram: bool = True) -> Future[bytes] | None:
         block = ref.block(index)
         data = self.ram.get(block)
         if data is not None:
@@ -117,11 +133,14 @@ class TierStack:
                 return loading
             future: Future[bytes] = Future()
             self._loading[block] = future
-        self._executor.submit(self._load, ref, block, future)
+        self._executor.submit(self._load, ref, block, future, to_ram)
         return future
 
-    def _load(self, ref: ObjectRef, block: BlockId, future: Future[bytes]) -> None:
+    def _load(self, ref: ObjectRef, block: BlockId, future: Future[bytes], to_ram: bool) -> None:
         try:
+            if not to_ram and block in self.disk:
+                future.set_result(b"")
+                return
             data = self.disk.get(block)
             if data is not None:
                 self.metrics.hits.labels("disk").inc()
@@ -134,7 +153,8 @@ class TierStack:
                                        ref.etag)
             self.metrics.misses.inc()
             self.metrics.bytes_served.labels("store").inc(len(data))
-            self._admit_to_ram(block, data)
+            if to_ram:
+                self._admit_to_ram(block, data)
             future.set_result(data)
             self.disk.put(block, data)
             self._note_usage()
@@ -179,3 +199,10 @@ class TierStack:
         self._executor.shutdown(wait=True, cancel_futures=True)
         self._evictor.join(timeout=5)
         self.disk.close()
+
+    def evict(self, source: str, key: str) -> int:
+        """Drop every cached block of every version of an object; returns how many."""
+        ram = [block for block in self.ram.blocks() if block.source == source and block.key == key]
+        disk = [block for block in self.disk.blocks()
+                if block.source == source and block.key == key]
+        return self.ram.discard(ram) + self.disk.discard(disk)

@@ -1,0 +1,91 @@
+"""`Client(mountpoint)`: the Python face of a mount's control socket.
+
+Public API: the CLI, the training adapters and the CSI driver use it, never private modules.
+The socket is found from the mountpoint itself (an extended attribute of the mount's root),
+so callers need to know nothing about cache dirs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from .control import call
+from .errors import AvafsError
+from .manifest import read_manifest
+from .mounts import AVAFS_FSTYPE, containing_mount
+
+CONTROL_XATTR = "user.avafs.control"
+
+
+class NotAnAvafsMount(AvafsError):
+    """The path is not inside an avafs mount."""
+
+
+class Client:
+    def __init__(self, mountpoint: str | os.PathLike) -> None:
+        self.mountpoint = Path(os.path.abspath(mountpoint))
+        try:
+            self.socket = Path(os.getxattr(self.mountpoint, CONTROL_XATTR).decode())
+        except OSError:
+            raise NotAnAvafsMount(f"{self.mountpoint} is not an avafs mount (or its daemon is "
+                                  "gone)") from None
+
+    @classmethod
+    def for_path(cls, path: str | os.PathLike) -> Client:
+        """The client of the avafs mount that `path` lies in."""
+        entry = containing_mount(Path(path))
+        if entry is None or entry.fstype != AVAFS_FSTYPE:
+            raise NotAnAvafsMount(f"{os.path.abspath(path)} is not inside an avafs mount: mount "
+                                  "the bucket with 'avafs mount' and use a path under it")
+        return cls(entry.mountpoint)
+
+    def relative(self, path: str | os.PathLike) -> str:
+        """A path inside the mount, relative to its root; relative input is taken as such."""
+        candidate = Path(path)
+        if not candidate.is_absolute():
+            return candidate.as_posix()
+        absolute = Path(os.path.abspath(candidate))
+        if absolute != self.mountpoint and self.mountpoint not in absolute.parents:
+            raise AvafsError(f"{absolute} is not inside the mount {self.mountpoint}")
+        return absolute.relative_to(self.mountpoint).as_posix()
+
+    def _items(self, paths: Iterable[str | os.PathLike],
+               manifest: str | os.PathLike | None = None) -> list[dict[str, str]]:
+        items = [{"path": self.relative(path)} for path in paths]
+        if manifest is not None:
+            for entry in read_manifest(Path(manifest)):
+                items.append({"path": entry["path"]} if "path" in entry else {"url": entry["url"]})
+        return items
+
+    def _call(self, op: str, progress: Callable[[dict], None] | None = None,
+              timeout: float | None = 60.0, **arguments: Any) -> dict[str, Any]:
+        return call(self.socket, {"op": op, **arguments}, progress, timeout)
+
+    def status(self) -> dict[str, Any]:
+        """The documented status document (see README, "Status JSON")."""
+        return self._call("status")
+
+    def warmup(self, paths: Iterable[str | os.PathLike] = (),
+               manifest: str | os.PathLike | None = None, threads: int = 8, tier: str = "disk",
+               background: bool = False,
+               progress: Callable[[dict], None] | None = None) -> dict[str, Any]:
+        """Load files (directories recursively, manifest entries) into the cache.
+
+        Returns the final warmup state, or at once the started one with `background`.
+        """
+        items = self._items(paths, manifest)
+        if not items:
+            raise AvafsError("nothing to warm up: give paths or a manifest")
+        return self._call("warmup", progress, timeout=None, items=items, threads=threads,
+                          tier=tier, background=background)
+
+    def prefetch(self, paths: Iterable[str | os.PathLike]) -> int:
+        """Queue files for background loading below demand reads; returns how many."""
+        return self._call("prefetch", items=self._items(paths))["queued"]
+
+    def evict(self, paths: Iterable[str | os.PathLike]) -> dict[str, Any]:
+        """Drop clean cached blocks of files (directories recursively)."""
+        return self._call("evict", timeout=None, items=self._items(paths))

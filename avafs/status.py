@@ -1,0 +1,71 @@
+"""The status document (`avafs status --json`, `Client.status()`), and the recent errors it
+shows. Its fields are a public, documented interface (README, "Status JSON"): add fields,
+never rename or remove them."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from .metrics import TIERS
+
+if TYPE_CHECKING:
+    from .daemon import Filesystem
+
+STATUS_VERSION = 1
+
+
+class RecentErrors(logging.Handler):
+    """Keeps the last warnings and errors for `avafs status`."""
+
+    def __init__(self, size: int = 20) -> None:
+        super().__init__(logging.WARNING)
+        self.records: collections.deque[dict[str, Any]] = collections.deque(maxlen=size)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append({"time": record.created, "level": record.levelname.lower(),
+                             "message": record.getMessage()})
+
+
+def build_status(filesystem: Filesystem) -> dict[str, Any]:
+    metrics = filesystem.metrics
+    stack = filesystem.stack
+    options = filesystem.options
+    hits = {tier: int(metrics.value(metrics.hits, tier)) for tier in TIERS}
+    misses = int(metrics.value(metrics.misses))
+    lookups = sum(hits.values()) + misses
+    tiers = {}
+    for tier in (stack.ram, stack.disk):
+        tiers[tier.name] = {
+            "used_bytes": tier.used, "capacity_bytes": tier.capacity,
+            "files": len(tier), "capacity_files": tier.capacity_files,
+            "high_watermark": tier.high_watermark, "low_watermark": tier.low_watermark,
+        }
+    requests = {sample.labels["operation"]: int(sample.value)
+                for sample in metrics.store_requests.collect()[0].samples
+                if sample.name.endswith("_total")}
+    return {
+        "version": STATUS_VERSION,
+        "mountpoint": str(filesystem.mountpoint),
+        "pid": filesystem.pid,
+        "uptime_seconds": round(time.time() - filesystem.started_at, 3),
+        "sources": dict(options.sources),
+        "block_size": options.block_size,
+        "tiers": tiers,
+        "hits": hits,
+        "misses": misses,
+        "hit_ratio": round(sum(hits.values()) / lookups, 6) if lookups else None,
+        "bytes_served": {source: int(metrics.value(metrics.bytes_served, source))
+                         for source in ("ram", "disk", "store")},
+        "store_requests": requests,
+        "evictions": {tier: int(metrics.value(metrics.evictions, tier)) for tier in TIERS},
+        "dirty": filesystem.dirty_status(),
+        "warmups": [job.as_dict() for job in filesystem.warmups.running()],
+        "prefetch": {"queued": filesystem.prefetcher.queued,
+                     "pending": filesystem.prefetcher.pending,
+                     "done": filesystem.prefetcher.done,
+                     "failed": filesystem.prefetcher.failed},
+        "recent_errors": list(filesystem.recent_errors.records),
+    }

@@ -1,0 +1,40 @@
+"""`avafs status` for people: the JSON document as a short report."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .sizes import format_size
+
+
+def format_status(status: dict[str, Any]) -> str:
+    lines = [f"avafs mount {status['mountpoint']} (pid {status['pid']}, up "
+             f"{status['uptime_seconds']:.0f}s)"]
+    for name, url in status["sources"].items():
+        lines.append(f"  source {name or '/'}: {url}")
+    for name, tier in status["tiers"].items():
+        share = tier["used_bytes"] / tier["capacity_bytes"] if tier["capacity_bytes"] else 0.0
+        lines.append(f"  {name:4} tier: {format_size(tier['used_bytes'])} of "
+                     f"{format_size(tier['capacity_bytes'])} ({share:.0%}), {tier['files']} of "
+                     f"{tier['capacity_files']} blocks, watermarks {tier['low_watermark']:.2f}/"
+                     f"{tier['high_watermark']:.2f}")
+    ratio = status["hit_ratio"]
+    lines.append(f"  hit ratio: {'n/a' if ratio is None else f'{ratio:.1%}'} (ram "
+                 f"{status['hits']['ram']}, disk {status['hits']['disk']}, store "
+                 f"{status['misses']} blocks)")
+    served = status["bytes_served"]
+    lines.append(f"  served: ram {format_size(served['ram'])}, disk "
+                 f"{format_size(served['disk'])}, store {format_size(served['store'])}")
+    requests = ", ".join(f"{op} {count}" for op, count in sorted(status["store_requests"].items()))
+    lines.append(f"  store requests: {requests or 'none'}")
+    dirty = status["dirty"]
+    lines.append(f"  dirty: {format_size(dirty['bytes'])} in {dirty['files']} files, upload "
+                 f"queue {dirty['upload_queue']}")
+    for job in status["warmups"]:
+        lines.append(f"  warmup {job['id']} {job['state']}: "
+                     f"{job['files_done'] + job['files_already_cached']}/{job['files_total']} "
+                     f"files, {format_size(job['bytes_done'] + job['bytes_already_cached'])}/"
+                     f"{format_size(job['bytes_total'])}, {job['files_failed']} failed")
+    for error in status["recent_errors"][-5:]:
+        lines.append(f"  recent {error['level']}: {error['message']}")
+    return "\n".join(lines)

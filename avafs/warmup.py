@@ -1,0 +1,242 @@
+"""Warmup jobs and prefetch hints: filling the cache ahead of the readers.
+
+A warmup is planned before it starts: the files are listed, what is already cached is
+counted, and if the rest does not fit under the tier's high watermark only what fits is
+loaded, so a warmup never evicts what it has just loaded (a complaint against Fluid and
+Alluxio). Blocks, not files, are the unit of parallel work, so one large file is warmed as fast
+as many small ones. Prefetch hints use only fetch slots that demand reads leave free.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+from .errors import AvafsError
+from .metrics import Metrics
+from .namespace import Namespace
+from .stores.base import ObjectInfo
+from .tiers.stack import ObjectRef, TierStack
+
+log = logging.getLogger(__name__)
+
+_MAX_LISTED_FAILURES = 100
+
+
+@dataclass
+class WarmupState:
+    """Progress of one warmup, as `avafs status` and the warmup command show it."""
+
+    id: int
+    tier: str
+    state: str = "planning"
+    files_total: int = 0
+    bytes_total: int = 0
+    files_done: int = 0
+    bytes_done: int = 0
+    files_already_cached: int = 0
+    bytes_already_cached: int = 0
+    files_skipped_for_space: int = 0
+    bytes_skipped_for_space: int = 0
+    files_failed: int = 0
+    failures: list[dict[str, str]] = field(default_factory=list)
+    started_at: float = field(default_factory=time.time)
+    finished_at: float | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A file to warm: its path in the mount and what the tiers read."""
+
+    path: str
+    ref: ObjectRef
+
+
+def expand(namespace: Namespace, items: list[dict[str, str]],
+           failures: list[tuple[str, str]]) -> list[Target]:
+    """Files named by manifest-style items ({"path": ...} or {"url": ...}), directories
+    expanded recursively, each file once; unresolvable items go to `failures`."""
+    targets: dict[tuple[str, str], Target] = {}
+    for item in items:
+        name = item.get("path") or item.get("url") or ""
+        try:
+            path = item["path"] if "path" in item else namespace.path_of_url(item["url"])
+            source, key, info = namespace.resolve(path)
+        except (FileNotFoundError, IsADirectoryError, KeyError) as error:
+            failures.append((name, f"not found in the mount ({error.__class__.__name__})"))
+            continue
+        except AvafsError as error:
+            failures.append((name, str(error)))
+            continue
+        infos: list[tuple[str, ObjectInfo]]
+        if info is not None:
+            infos = [(path.strip("/"), info)]
+        else:
+            root = f"{source}/" if not namespace.single_source else ""
+            infos = [(f"{root}{found.key}", found) for found in namespace.walk(source, key)]
+        for file_path, found in infos:
+            targets.setdefault((source, found.key),
+                               Target(file_path, namespace.object_ref(source, found)))
+    return list(targets.values())
+
+
+class WarmupRunner:
+    def __init__(self, namespace: Namespace, stack: TierStack, metrics: Metrics) -> None:
+        self.namespace = namespace
+        self.stack = stack
+        self.metrics = metrics
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self.jobs: dict[int, WarmupState] = {}
+
+    def start(self, items: list[dict[str, str]], threads: int, tier: str) -> WarmupState:
+        if tier not in ("disk", "ram"):
+            raise AvafsError(f"invalid tier {tier!r}: use disk or ram")
+        if threads < 1:
+            raise AvafsError("invalid --threads: must be at least 1")
+        state = WarmupState(next(self._ids), tier)
+        with self._lock:
+            self.jobs[state.id] = state
+        threading.Thread(target=self._run, args=(state, items, threads), daemon=True,
+                         name=f"avafs-warmup-{state.id}").start()
+        return state
+
+    def running(self) -> list[WarmupState]:
+        with self._lock:
+            return [job for job in self.jobs.values() if job.finished_at is None
+                    or time.time() - job.finished_at < 3600]
+
+    def _run(self, state: WarmupState, items: list[dict[str, str]], threads: int) -> None:
+        try:
+            self._plan_and_load(state, items, threads)
+            state.state = "failed" if state.files_failed else "done"
+        except Exception as error:  # noqa: BLE001 - reported to the user through the status
+            log.exception("warmup %d failed", state.id)
+            state.failures.append({"path": "", "error": str(error)})
+            state.state = "failed"
+        finally:
+            state.finished_at = time.time()
+            log.info("warmup %d %s: %d files (%d bytes) loaded, %d already cached, %d skipped "
+                     "for space, %d failed", state.id, state.state, state.files_done,
+                     state.bytes_done, state.files_already_cached,
+                     state.files_skipped_for_space, state.files_failed)
+
+    def _fail(self, state: WarmupState, path: str, reason: str) -> None:
+        state.files_failed += 1
+        if len(state.failures) < _MAX_LISTED_FAILURES:
+            state.failures.append({"path": path, "error": reason})
+
+    def _plan_and_load(self, state: WarmupState, items: list[dict[str, str]],
+                       threads: int) -> None:
+        failures: list[tuple[str, str]] = []
+        targets = expand(self.namespace, items, failures)
+        for path, reason in failures:
+            self._fail(state, path, reason)
+        tier = self.stack.ram if state.tier == "ram" else self.stack.disk
+        budget = int(tier.capacity * tier.high_watermark)
+        to_load: list[Target] = []
+        planned = 0
+        for target in targets:
+            state.files_total += 1
+            state.bytes_total += target.ref.size
+            blocks = range(self.stack.block_count(target.ref))
+            if all(self.stack.is_cached(target.ref, index, state.tier) for index in blocks):
+                state.files_already_cached += 1
+                state.bytes_already_cached += target.ref.size
+                planned += target.ref.size
+            elif planned + target.ref.size <= budget:
+                to_load.append(target)
+                planned += target.ref.size
+            else:
+                state.files_skipped_for_space += 1
+                state.bytes_skipped_for_space += target.ref.size
+        if state.files_skipped_for_space:
+            log.warning("warmup %d: %d bytes do not fit in the %s tier (%d bytes up to its high "
+                        "watermark); warming only what fits", state.id, state.bytes_total,
+                        state.tier, budget)
+        state.state = "running"
+        self._load(state, to_load, threads)
+
+    def _load(self, state: WarmupState, targets: list[Target], threads: int) -> None:
+        to_ram = state.tier == "ram"
+        remaining = {target.path: self.stack.block_count(target.ref) for target in targets}
+        failed: set[str] = set()
+        lock = threading.Lock()
+
+        def load_block(target: Target, index: int) -> None:
+            try:
+                self.stack.load(target.ref, index, to_ram=to_ram)
+                error = None
+            except Exception as problem:  # noqa: BLE001 - one file's failure is reported
+                error = str(problem) or type(problem).__name__
+            with lock:
+                if error and target.path not in failed:
+                    failed.add(target.path)
+                    self._fail(state, target.path, error)
+                remaining[target.path] -= 1
+                if remaining[target.path] == 0 and target.path not in failed:
+                    state.files_done += 1
+                    state.bytes_done += target.ref.size
+                    self.metrics.warmup_files.inc()
+                    self.metrics.warmup_bytes.inc(target.ref.size)
+
+        with ThreadPoolExecutor(threads, thread_name_prefix=f"avafs-warmup-{state.id}") as pool:
+            for target in targets:
+                if target.ref.size == 0:
+                    state.files_done += 1
+                    self.metrics.warmup_files.inc()
+                    continue
+                for index in range(self.stack.block_count(target.ref)):
+                    pool.submit(load_block, target, index)
+
+
+class Prefetcher:
+    """Background loading of hinted files, at lower priority than reads and warmups."""
+
+    def __init__(self, namespace: Namespace, stack: TierStack, workers: int = 2) -> None:
+        self.namespace = namespace
+        self.stack = stack
+        self.queued = 0
+        self.done = 0
+        self.failed = 0
+        self._queue: queue.Queue[dict[str, str]] = queue.Queue()
+        for number in range(workers):
+            threading.Thread(target=self._work, daemon=True,
+                             name=f"avafs-prefetch-{number}").start()
+
+    def submit(self, items: list[dict[str, str]]) -> int:
+        for item in items:
+            self._queue.put(item)
+        self.queued += len(items)
+        return len(items)
+
+    @property
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            failures: list[tuple[str, str]] = []
+            try:
+                for target in expand(self.namespace, [item], failures):
+                    for index in range(self.stack.block_count(target.ref)):
+                        if self.stack.is_cached(target.ref, index, "ram"):
+                            continue
+                        while not self.stack.load(target.ref, index, to_ram=True, wait=False):
+                            time.sleep(0.01)
+                self.done += 1
+            except Exception as error:  # noqa: BLE001 - a hint is best effort, but logged
+                self.failed += 1
+                log.warning("prefetch of %s failed: %s", item, error)
+            if failures:
+                self.failed += 1
+                log.warning("prefetch of %s failed: %s", *failures[0])

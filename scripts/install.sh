@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs everything avafs needs on a fresh Debian 12 machine (run as root): FUSE, the
+# peers the benchmark compares against, etcd for the sharding tests, and the Python package
+# with every extra. Safe to re-run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(fuse3 libfuse3-dev pkg-config util-linux sqlite3 etcd-server rclone s3fs)
+missing=()
+for package in "${packages[@]}"; do
+  dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
+done
+if ((${#missing[@]})); then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# etcd-server's package starts a system etcd; the tests start their own on free ports.
+systemctl disable --now etcd >/dev/null 2>&1 || true
+
+python3 -m pip install -q --disable-pip-version-check -e '.[all]'
