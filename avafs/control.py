@@ -77,6 +77,7 @@ class ControlServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         try:
             with short_path(path) as address:
                 super().__init__(address, _RequestHandler)
+                os.chmod(address, 0o600)
         finally:
             os.umask(old_umask)
         self._thread = threading.Thread(target=self.serve_forever, daemon=True,
