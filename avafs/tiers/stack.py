@@ -66,16 +66,30 @@ class TierStack:
             if data is None:
                 return None
             parts.append(data)
+        result = self._slice(parts, offset, size, ref)
         self.metrics.hits.labels("ram").inc(len(parts))
-        self.metrics.bytes_served.labels("ram").inc(sum(map(len, parts)))
-        return self._slice(parts, offset, size, ref)
+        self.metrics.bytes_served.labels("ram").inc(len(result))
+        return result
 
     def read(self, ref: ObjectRef, offset: int, size: int) -> bytes:
-        """The bytes of [offset, offset+size), loading blocks as needed (blocks the caller)."""
-        span = block_span(offset, size, ref.size, self.block_size)
-        futures = [self._block_future(ref, index, wait_for_slot=True) for index in span]
-        parts = [future.result() for future in futures if future is not None]
-        return self._slice(parts, offset, size, ref)
+        """The bytes of [offset, offset+size), loading blocks as needed (blocks the caller).
+
+        `bytes_served` counts what readers get from RAM, and what loads bring from the disk
+        tier or the store (whole blocks, as they are fetched)."""
+        parts: list[bytes | Future[bytes]] = []
+        from_ram = 0
+        for index in block_span(offset, size, ref.size, self.block_size):
+            data = self.ram.get(ref.block(index))
+            if data is not None:
+                self.metrics.hits.labels("ram").inc()
+                start = index * self.block_size
+                from_ram += min(offset + size, start + len(data)) - max(offset, start)
+                parts.append(data)
+            else:
+                parts.append(self._block_future(ref, index, wait_for_slot=True))
+        self.metrics.bytes_served.labels("ram").inc(from_ram)
+        resolved = [part if isinstance(part, bytes) else part.result() for part in parts]
+        return self._slice(resolved, offset, size, ref)
 
     def prefetch(self, ref: ObjectRef, first: int, count: int) -> int:
         """Start loading up to `count` blocks from `first` while budget allows; never blocks."""
@@ -116,7 +130,6 @@ class TierStack:
         data = self.ram.get(block)
         if data is not None:
             self.metrics.hits.labels("ram").inc()
-            self.metrics.bytes_served.labels("ram").inc(len(data))
             done: Future[bytes] = Future()
             done.set_result(data)
             return done

@@ -1,0 +1,101 @@
+"""Datasets, timed reads and mounts shared by the quickstart and the benchmark."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+MiB = 2**20
+READ_SIZE = MiB
+
+
+@dataclass(frozen=True)
+class Dataset:
+    large: list[str]
+    small: list[str]
+    large_size: int
+    small_size: int
+
+    @property
+    def large_bytes(self) -> int:
+        return len(self.large) * self.large_size
+
+    @property
+    def small_bytes(self) -> int:
+        return len(self.small) * self.small_size
+
+
+def make_dataset(large_files: int, large_size: int, small_files: int,
+                 small_size: int) -> Dataset:
+    return Dataset([f"large/{i:03d}.bin" for i in range(large_files)],
+                   [f"small/{i // 1000:03d}/{i:06d}.bin" for i in range(small_files)],
+                   large_size, small_size)
+
+
+def write_local(root: Path, dataset: Dataset) -> None:
+    """Write the dataset under `root` (skipping files already of the right size)."""
+    for names, size in ((dataset.large, dataset.large_size), (dataset.small, dataset.small_size)):
+        for name in names:
+            path = root / name
+            if path.exists() and path.stat().st_size == size:
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(os.urandom(size))
+
+
+def read_file(path: Path) -> int:
+    total = 0
+    with open(path, "rb", buffering=0) as file:
+        while chunk := file.read(READ_SIZE):
+            total += len(chunk)
+    return total
+
+
+def read_all(root: Path, names: Iterable[str], threads: int) -> tuple[int, float]:
+    """(bytes, seconds) to read every file with `threads` readers, 1 MiB reads."""
+    paths = [root / name for name in names]
+    started = time.perf_counter()
+    if threads == 1:
+        total = sum(map(read_file, paths))
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            total = sum(pool.map(read_file, paths))
+    return total, time.perf_counter() - started
+
+
+def avafs(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, "-m", "avafs", *args], capture_output=True,
+                            text=True)
+    if check and result.returncode != 0:
+        raise SystemExit(f"avafs {args[0]} failed: {result.stderr.strip()}")
+    return result
+
+
+def drop_page_cache(paths: Iterable[Path]) -> None:
+    """Drop the kernel's cached pages of these files, so a read really goes to its source."""
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def timed(function: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    function()
+    return time.perf_counter() - started
