@@ -6,6 +6,7 @@ LOG_FILE = "avafs.log"
 PID_FILE = "avafs.pid"
 LOCK_FILE = "lock"
 DISK_TIER_DIR = "disk"
+WRITEBACK_DIR = "writeback"
 
 
 def log_path(cache_dir: Path) -> Path:

@@ -25,6 +25,7 @@ from .mounts import AVAFS_FSTYPE, is_dead, mount_at
 from .options import MOUNT_OPTIONS, MountOptions, build_mount_options, parse_option
 from .processes import wait_for_exit
 from .progress import WarmupProgress, summary
+from .sizes import format_size
 from .status_text import format_status
 
 _DAEMON_START_TIMEOUT = 120.0
@@ -60,9 +61,21 @@ def _add_mount_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_umount_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("umount", help="unmount", description="Unmount an avafs mount.")
+    parser = commands.add_parser(
+        "umount", help="upload what was written, then unmount",
+        description="Upload pending writes (with progress), then unmount. Ctrl-C during the "
+                    "upload unmounts at once; what was not uploaded stays journaled in the "
+                    "cache dir and is uploaded by the next mount of it.")
     parser.add_argument("mountpoint", type=Path)
+    parser.add_argument("--no-flush", action="store_true",
+                        help="unmount without waiting for uploads (they resume at next mount)")
     parser.set_defaults(run=_umount)
+
+    parser = commands.add_parser("flush", help="wait until everything written is uploaded",
+                                 description="Upload pending writes now and wait, with "
+                                             "progress, until the store has all of them.")
+    parser.add_argument("mountpoint", type=Path)
+    parser.set_defaults(run=_flush)
 
 
 def _add_control_parsers(commands: argparse._SubParsersAction) -> None:
@@ -210,6 +223,12 @@ def _umount(args: argparse.Namespace) -> int:
                        capture_output=True)
         return 0
     pid = _daemon_pid(mountpoint)
+    if not args.no_flush:
+        try:
+            _flush_with_progress(Client(mountpoint))
+        except KeyboardInterrupt:
+            print("avafs: interrupted: unmounting now; pending uploads stay journaled and "
+                  "resume at the next mount with the same --cache-dir", file=sys.stderr)
     result = subprocess.run(["fusermount3", "-u", str(mountpoint)], capture_output=True,
                             text=True)
     if result.returncode != 0:
@@ -252,6 +271,27 @@ def _warmup(args: argparse.Namespace) -> int:
     for failure in state["failures"]:
         print(f"avafs: failed: {failure['path']}: {failure['error']}", file=sys.stderr)
     return 1 if state["files_failed"] or state["state"] == "failed" else 0
+
+
+def _flush_with_progress(client: Client) -> dict:
+    printed = False
+
+    def show(dirty: dict) -> None:
+        nonlocal printed
+        printed = True
+        print(f"flush: {dirty['upload_queue']} changes pending, "
+              f"{format_size(dirty['bytes'])} dirty, {dirty['uploading']} uploading",
+              flush=True)
+
+    result = client.flush(progress=show)
+    if printed:
+        print("flush: everything is in the store")
+    return result
+
+
+def _flush(args: argparse.Namespace) -> int:
+    _flush_with_progress(Client(args.mountpoint))
+    return 0
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -89,3 +89,7 @@ class Client:
     def evict(self, paths: Iterable[str | os.PathLike]) -> dict[str, Any]:
         """Drop clean cached blocks of files (directories recursively)."""
         return self._call("evict", timeout=None, items=self._items(paths))
+
+    def flush(self, progress: Callable[[dict], None] | None = None) -> dict[str, Any]:
+        """Upload everything written so far and wait until the store has it all."""
+        return self._call("flush", progress, timeout=None)

@@ -20,7 +20,7 @@ from pathlib import Path
 import prometheus_client
 import trio
 
-from .cache_dir import DISK_TIER_DIR, LOCK_FILE, PID_FILE, log_path
+from .cache_dir import DISK_TIER_DIR, LOCK_FILE, PID_FILE, WRITEBACK_DIR, log_path
 from .control import SOCKET_NAME, ControlServer, Progress
 from .errors import AvafsError
 from .fuse_ops import AvafsOperations
@@ -34,6 +34,8 @@ from .tiers.disk import DiskTier
 from .tiers.ram import RamTier
 from .tiers.stack import TierStack
 from .warmup import Prefetcher, WarmupRunner, expand
+from .writeback.manager import WriteBack
+from .writeback.uploader import Uploader
 
 log = logging.getLogger("avafs")
 
@@ -85,7 +87,17 @@ class Filesystem:
                         options.high_watermark, options.low_watermark)
         self.stack = TierStack(ram, disk, options.block_size, options.inflight_memory,
                                self.metrics)
-        self.namespace = Namespace(self.stores, options.effective_metadata_ttl)
+        self.writeback: WriteBack | None = None
+        self.uploader: Uploader | None = None
+        if not options.read_only:
+            self.writeback = WriteBack(options.cache_dir / WRITEBACK_DIR, self.stack, disk,
+                                       self.metrics,
+                                       int(options.disk_cache * options.dirty_high_watermark),
+                                       options.writeback == "sync", options.writeback_delay)
+        self.namespace = Namespace(self.stores, options.effective_metadata_ttl, self.writeback)
+        if self.writeback is not None:
+            self.writeback.on_settled = self.namespace.settled
+            self.uploader = Uploader(self.writeback, self.stores, options.upload_concurrency)
         self.warmups = WarmupRunner(self.namespace, self.stack, self.metrics)
         self.prefetcher = Prefetcher(self.namespace, self.stack)
         self._watch_gauges()
@@ -100,6 +112,7 @@ class Filesystem:
             "prefetch": lambda request, progress: {
                 "queued": self.prefetcher.submit(request["items"])},
             "evict": self._evict,
+            "flush": self._flush,
         })
         if options.metrics_addr:
             host, port = options.metrics_addr
@@ -116,7 +129,14 @@ class Filesystem:
         metrics.prefetch_pending.set_function(lambda: self.prefetcher.pending)
 
     def dirty_status(self) -> dict[str, int]:
-        return {"bytes": 0, "files": 0, "upload_queue": 0, "uploading": 0}
+        if self.writeback is None:
+            return {"bytes": 0, "files": 0, "upload_queue": 0, "uploading": 0}
+        return self.writeback.status()
+
+    def _flush(self, request: dict, progress: Progress) -> dict:
+        if self.writeback is None:
+            return self.dirty_status()
+        return self.writeback.flush(progress)
 
     def _warmup(self, request: dict, progress: Progress) -> dict:
         job = self.warmups.start(request["items"], int(request.get("threads", 8)),
@@ -135,7 +155,12 @@ class Filesystem:
                 "failures": [{"path": path, "error": error} for path, error in failures]}
 
     def close(self) -> None:
+        """Stop uploading (what is pending stays journaled for the next mount) and close."""
         self.control.close()
+        if self.uploader is not None:
+            self.uploader.stop()
+        if self.writeback is not None:
+            self.writeback.close()
         self.stack.close()
 
 

@@ -22,10 +22,11 @@ import pyfuse3
 import trio
 
 from .errors import ObjectChangedError, StoreError
-from .namespace import ROOT_INODE, Entry, Namespace, Node
+from .namespace import ROOT_INODE, Entry, Namespace, Node, valid_name
 from .options import MountOptions
 from .tiers.blocks import block_span
 from .tiers.stack import ObjectRef, TierStack
+from .writeback.pending import COPY, DATA, Pending
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +34,18 @@ T = TypeVar("T")
 _KERNEL_TIMEOUT_CAP = 365 * 86400.0
 _XATTR_PREFIX = b"user.avafs."
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
+_ENOSPC_AFTER = 30.0
 
 
 @dataclass(slots=True)
 class OpenFile:
-    ref: ObjectRef
+    """A handle reads cached blocks of an object version (`ref`), or a local dirty file
+    (`fd`), which writers always use."""
+
+    ref: ObjectRef | None = None
+    fd: int = -1
+    pending: Pending | None = None
+    writable: bool = False
     next_block: int = 0
     """Block a sequential reader will ask for next; a read that starts there is sequential."""
 
@@ -54,6 +62,7 @@ class AvafsOperations(pyfuse3.Operations):
                  xattrs: dict[str, str]) -> None:
         super().__init__()
         self.namespace = namespace
+        self.writeback = namespace.writeback
         self.stack = stack
         self.options = options
         self.xattrs = {_XATTR_PREFIX + name.encode(): value.encode()
@@ -74,6 +83,9 @@ class AvafsOperations(pyfuse3.Operations):
     async def _blocking(self, function: Callable[..., T], *args: object) -> T:
         try:
             return await trio.to_thread.run_sync(function, *args, limiter=self._limiter)
+        except OSError as error:
+            log.error("%s", error)
+            raise pyfuse3.FUSEError(error.errno or errno.EIO) from None
         except ObjectChangedError as error:
             log.warning("%s", error)
             raise pyfuse3.FUSEError(errno.ESTALE) from None
@@ -84,6 +96,7 @@ class AvafsOperations(pyfuse3.Operations):
     # --- attributes ------------------------------------------------------------------------
 
     def _attributes(self, node: Node) -> pyfuse3.EntryAttributes:
+        info = self.namespace.current_info(node)
         attrs = pyfuse3.EntryAttributes()
         attrs.st_ino = node.inode
         attrs.generation = 0
@@ -92,7 +105,7 @@ class AvafsOperations(pyfuse3.Operations):
         attrs.st_uid = self._uid
         attrs.st_gid = self._gid
         attrs.st_blksize = 128 * 1024
-        if node.info is None:
+        if info is None:
             attrs.st_mode = stat.S_IFDIR | 0o755
             attrs.st_nlink = 1
             attrs.st_size = 0
@@ -100,8 +113,8 @@ class AvafsOperations(pyfuse3.Operations):
         else:
             attrs.st_mode = stat.S_IFREG | 0o644
             attrs.st_nlink = 1
-            attrs.st_size = node.info.size
-            mtime_ns = int(node.info.mtime * 1e9)
+            attrs.st_size = info.size
+            mtime_ns = int(info.mtime * 1e9)
         attrs.st_blocks = -(-attrs.st_size // 512)
         attrs.st_atime_ns = attrs.st_mtime_ns = attrs.st_ctime_ns = mtime_ns
         return attrs
@@ -119,12 +132,11 @@ class AvafsOperations(pyfuse3.Operations):
             return self._attributes(parent)
         if text == "..":
             return self._attributes(self.namespace.node(parent.parent))
-        listing = self.namespace.cached_listing(parent.source, parent.key)
-        if listing is not None:
-            entry = listing.entries.get(text)
-            node = self.namespace.child(parent, entry) if entry else None
-        else:
+        entry = self.namespace.cached_entry(parent, text)
+        if entry is False:
             node = await self._blocking(self.namespace.lookup, parent, text)
+        else:
+            node = self.namespace.child(parent, entry) if entry else None
         if node is None:
             return self._negative_entry()
         return self._attributes(node)
@@ -141,7 +153,8 @@ class AvafsOperations(pyfuse3.Operations):
         data = pyfuse3.StatvfsData()
         data.f_bsize = data.f_frsize = 4096
         data.f_blocks = disk.capacity // 4096
-        data.f_bfree = data.f_bavail = max(0, disk.capacity - disk.used) // 4096
+        dirty = self.writeback.dirty_bytes if self.writeback else 0
+        data.f_bfree = data.f_bavail = max(0, disk.capacity - disk.used - dirty) // 4096
         data.f_files = self.options.disk_cache_files
         data.f_ffree = data.f_favail = max(0, self.options.disk_cache_files - len(disk))
         data.f_namemax = 255
@@ -188,24 +201,71 @@ class AvafsOperations(pyfuse3.Operations):
     # --- files ---------------------------------------------------------------------------------
 
     async def open(self, inode: int, flags: int, ctx=None) -> pyfuse3.FileInfo:
-        if flags & _WRITE_FLAGS:
-            raise pyfuse3.FUSEError(errno.EROFS)
         node = self.namespace.node(inode)
         if node.is_dir:
             raise pyfuse3.FUSEError(errno.EISDIR)
-        info = node.info
+        if flags & _WRITE_FLAGS:
+            handle = await self._open_writer(node, truncate=bool(flags & os.O_TRUNC))
+            fh = self._new_fh()
+            self._open[fh] = handle
+            return pyfuse3.FileInfo(fh=fh, keep_cache=False)
+        pending = self.writeback.get(node.source, node.key) if self.writeback else None
+        if pending is not None and pending.kind == DATA:
+            fh = self._new_fh()
+            self._open[fh] = self._local_handle(pending, os.O_RDONLY)
+            return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+        ref = await self._current_ref(node)
+        keep_cache = node.kernel_cached_etag == ref.etag
+        node.kernel_cached_etag = ref.etag
+        fh = self._new_fh()
+        self._open[fh] = OpenFile(ref=ref)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=keep_cache)
+
+    async def _current_ref(self, node: Node) -> ObjectRef:
+        """What reading the file means now: its clean version, revalidated after the TTL, or
+        for a rename still being copied in the store, the version it was renamed from."""
+        pending = self.writeback.get(node.source, node.key) if self.writeback else None
+        if pending is not None and pending.kind == COPY:
+            store = self.namespace.stores[node.source]
+            return ObjectRef(store.url, store, pending.copy_from, pending.copy_etag, pending.size)
+        info = self.namespace.current_info(node)
         if not self.namespace.is_fresh(node.checked_at):
             info = await self._blocking(self.namespace.revalidate, node)
-            if info is None:
-                raise pyfuse3.FUSEError(errno.ENOENT)
-        keep_cache = node.kernel_cached_etag == info.etag
-        node.kernel_cached_etag = info.etag
-        fh = self._new_fh()
-        self._open[fh] = OpenFile(self.namespace.object_ref(node.source, info))
-        return pyfuse3.FileInfo(fh=fh, keep_cache=keep_cache)
+        if info is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self.namespace.object_ref(node.source, info)
+
+    def _local_handle(self, pending: Pending, flags: int) -> OpenFile:
+        self.writeback.hold_file(pending.file)
+        try:
+            fd = os.open(self.writeback.data_path(pending), flags)
+        except OSError:
+            self.writeback.drop_file(pending.file)
+            raise
+        return OpenFile(fd=fd, pending=pending, writable=flags != os.O_RDONLY)
+
+    async def _open_writer(self, node: Node, truncate: bool) -> OpenFile:
+        self._check_writable(node)
+        base = None if truncate else await self._current_ref(node)
+        pending = await self._blocking(self.writeback.open_writer, node.source, node.key, base,
+                                       truncate)
+        try:
+            return self._local_handle(pending, os.O_RDWR)
+        except OSError:
+            self.writeback.release_writer(pending)
+            raise
+
+    def _check_writable(self, node: Node) -> None:
+        if self.writeback is None:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        if node.inode == ROOT_INODE or (node.parent == ROOT_INODE
+                                        and not self.namespace.single_source and node.is_dir):
+            raise pyfuse3.FUSEError(errno.EACCES)
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         handle = self._open[fh]
+        if handle.ref is None:
+            return os.pread(handle.fd, size, off)
         ref = handle.ref
         data = self.stack.read_from_ram(ref, off, size)
         if data is None:
@@ -222,16 +282,207 @@ class AvafsOperations(pyfuse3.Operations):
             self.stack.prefetch(handle.ref, span.stop, self.options.read_ahead)
         handle.next_block = span.stop
 
-    async def release(self, fh: int) -> None:
-        self._open.pop(fh, None)
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        handle = self._open[fh]
+        if not handle.writable:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        await self._apply_back_pressure()
+        self.writeback.wrote(handle.pending, off + len(buf))
+        return os.pwrite(handle.fd, buf, off)
+
+    async def _apply_back_pressure(self) -> None:
+        """Past the dirty watermark writers wait for uploads instead of failing; ENOSPC only
+        when the disk tier is all dirty data and the store has been unreachable a while."""
+        writeback = self.writeback
+        while writeback.over_dirty_limit() and writeback.has_uploadable():
+            writeback.eager = True
+            unreachable = writeback.store_unreachable_since
+            if writeback.disk_full_of_dirty_data() and unreachable is not None and \
+                    time.monotonic() - unreachable > _ENOSPC_AFTER:
+                log.error("no space: the disk tier holds only dirty data (%d bytes) and the "
+                          "store has been unreachable for %.0fs", writeback.dirty_bytes,
+                          time.monotonic() - unreachable)
+                raise pyfuse3.FUSEError(errno.ENOSPC)
+            await trio.sleep(0.05)
 
     async def flush(self, fh: int) -> None:
-        return None
+        handle = self._open[fh]
+        if handle.writable:
+            await self._blocking(self.writeback.commit, handle.pending, handle.fd)
 
-    # --- writes: refused until the write-back path lands ----------------------------------------
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        await self.flush(fh)
 
-    async def _read_only(self, *args: object, **kwargs: object) -> None:
-        raise pyfuse3.FUSEError(errno.EROFS)
+    async def release(self, fh: int) -> None:
+        handle = self._open.pop(fh, None)
+        if handle is None or handle.fd < 0:
+            return
+        os.close(handle.fd)
+        if handle.writable:
+            self.writeback.release_writer(handle.pending)
+        self.writeback.drop_file(handle.pending.file)
 
-    setattr = mknod = mkdir = unlink = rmdir = symlink = rename = link = _read_only
-    create = write = setxattr = removexattr = _read_only
+    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
+                     ctx=None) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        parent = self.namespace.node(parent_inode)
+        self._check_writable_directory(parent)
+        text = os.fsdecode(name)
+        if not valid_name(text):
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        pending = await self._blocking(self.writeback.open_writer, parent.source,
+                                       parent.key + text, None, True)
+        handle = self._local_handle(pending, os.O_RDWR)
+        node = self.namespace.child(parent, Entry(text, self.writeback.info(pending)))
+        fh = self._new_fh()
+        self._open[fh] = handle
+        return pyfuse3.FileInfo(fh=fh), self._attributes(node)
+
+    def _check_writable_directory(self, directory: Node) -> None:
+        if self.writeback is None:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        if directory.inode == ROOT_INODE and not self.namespace.single_source:
+            raise pyfuse3.FUSEError(errno.EACCES)
+
+    async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes,
+                      fields: pyfuse3.SetattrFields, fh: int | None,
+                      ctx=None) -> pyfuse3.EntryAttributes:
+        """Size (truncate) and mtime are kept; mode and ownership are not stored in objects
+        and are ignored (documented)."""
+        node = self.namespace.node(inode)
+        if fields.update_size:
+            handle = self._open.get(fh) if fh is not None else None
+            if handle is not None and handle.writable:
+                await self._truncate(handle, attr.st_size)
+            else:
+                handle = await self._open_writer(node, truncate=attr.st_size == 0)
+                try:
+                    await self._truncate(handle, attr.st_size)
+                    await self._blocking(self.writeback.commit, handle.pending, handle.fd)
+                finally:
+                    await self.release(self._adopt(handle))
+        if fields.update_mtime and self.writeback is not None:
+            pending = self.writeback.get(node.source, node.key)
+            if pending is not None and pending.kind == DATA:
+                pending.mtime = attr.st_mtime_ns / 1e9
+        return self._attributes(node)
+
+    def _adopt(self, handle: OpenFile) -> int:
+        fh = self._new_fh()
+        self._open[fh] = handle
+        return fh
+
+    async def _truncate(self, handle: OpenFile, size: int) -> None:
+        self.writeback.truncated(handle.pending, size)
+        os.ftruncate(handle.fd, size)
+
+    # --- namespace changes ---------------------------------------------------------------------
+
+    async def _existing(self, parent: Node, name: bytes) -> tuple[str, Entry]:
+        text = os.fsdecode(name)
+        entry = await self._blocking(self.namespace.entry, parent, text)
+        if entry is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return text, entry
+
+    async def unlink(self, parent_inode: int, name: bytes, ctx=None) -> None:
+        parent = self.namespace.node(parent_inode)
+        self._check_writable_directory(parent)
+        text, entry = await self._existing(parent, name)
+        if entry.is_dir:
+            raise pyfuse3.FUSEError(errno.EISDIR)
+        await self._blocking(self.writeback.unlink, parent.source, parent.key + text)
+
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int,
+                    ctx=None) -> pyfuse3.EntryAttributes:
+        parent = self.namespace.node(parent_inode)
+        self._check_writable_directory(parent)
+        text = os.fsdecode(name)
+        if not valid_name(text):
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        if await self._blocking(self.namespace.entry, parent, text) is not None:
+            raise pyfuse3.FUSEError(errno.EEXIST)
+        await self._blocking(self.writeback.mkdir, parent.source, f"{parent.key}{text}/")
+        return self._attributes(self.namespace.child(parent, Entry(text, None)))
+
+    async def rmdir(self, parent_inode: int, name: bytes, ctx=None) -> None:
+        parent = self.namespace.node(parent_inode)
+        self._check_writable_directory(parent)
+        text, entry = await self._existing(parent, name)
+        if not entry.is_dir:
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        prefix = f"{parent.key}{text}/"
+        if (await self._blocking(self.namespace.listing, parent.source, prefix)).entries:
+            raise pyfuse3.FUSEError(errno.ENOTEMPTY)
+        await self._blocking(self.writeback.rmdir, parent.source, prefix)
+
+    async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,
+                     name_new: bytes, flags: int, ctx=None) -> None:
+        """Within one source. A directory rename moves every key under it: on S3 that is a
+        copy and a delete per key, so it is not atomic in the store, but it is one journal
+        batch, so after a crash it completes on the next mount."""
+        old_parent = self.namespace.node(parent_inode_old)
+        new_parent = self.namespace.node(parent_inode_new)
+        self._check_writable_directory(old_parent)
+        self._check_writable_directory(new_parent)
+        if flags & pyfuse3.RENAME_EXCHANGE:
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        if old_parent.source != new_parent.source:
+            raise pyfuse3.FUSEError(errno.EXDEV)
+        old_name, entry = await self._existing(old_parent, name_old)
+        new_name = os.fsdecode(name_new)
+        if not valid_name(new_name):
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        target = await self._blocking(self.namespace.entry, new_parent, new_name)
+        if target is not None and flags & pyfuse3.RENAME_NOREPLACE:
+            raise pyfuse3.FUSEError(errno.EEXIST)
+        source = old_parent.source
+        if entry.is_dir:
+            old_key, new_key = f"{old_parent.key}{old_name}/", f"{new_parent.key}{new_name}/"
+            if new_key.startswith(old_key):
+                raise pyfuse3.FUSEError(errno.EINVAL)
+            if target is not None and not target.is_dir:
+                raise pyfuse3.FUSEError(errno.ENOTDIR)
+            if target is not None and (await self._blocking(self.namespace.listing, source,
+                                                             new_key)).entries:
+                raise pyfuse3.FUSEError(errno.ENOTEMPTY)
+            moves, markers = await self._blocking(self._directory_moves, source, old_key, new_key)
+        else:
+            old_key, new_key = old_parent.key + old_name, new_parent.key + new_name
+            if target is not None and target.is_dir:
+                raise pyfuse3.FUSEError(errno.EISDIR)
+            moves, markers = [(old_key, new_key, self._clean_info(source, old_key, entry))], []
+        await self._blocking(self.writeback.rename, source, moves, markers)
+        node = self.namespace.node_of(old_parent, old_name)
+        if node is not None:
+            self.namespace.moved(node, new_parent, new_name, new_key)
+
+    def _clean_info(self, source: str, key: str, entry: Entry):
+        pending = self.writeback.get(source, key)
+        return None if pending is not None else entry.info
+
+    def _directory_moves(self, source: str, old_prefix: str, new_prefix: str):
+        moves, markers = [], [(old_prefix, new_prefix)]
+        pending_dirs = [old_prefix]
+        while pending_dirs:
+            prefix = pending_dirs.pop()
+            for entry in self.namespace.listing(source, prefix).ordered:
+                if entry.is_dir:
+                    sub = f"{prefix}{entry.name}/"
+                    markers.append((sub, new_prefix + sub[len(old_prefix):]))
+                    pending_dirs.append(sub)
+                else:
+                    key = prefix + entry.name
+                    moves.append((key, new_prefix + key[len(old_prefix):],
+                                  self._clean_info(source, key, entry)))
+        return moves, markers
+
+    async def _not_supported(self, *args: object, **kwargs: object) -> None:
+        raise pyfuse3.FUSEError(errno.ENOTSUP)
+
+    link = symlink = mknod = _not_supported
+
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx=None) -> None:
+        raise pyfuse3.FUSEError(errno.ENOTSUP)
+
+    async def removexattr(self, inode: int, name: bytes, ctx=None) -> None:
+        raise pyfuse3.FUSEError(errno.ENOTSUP)

@@ -17,8 +17,11 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from .errors import StoreError
 from .stores.base import ObjectInfo, ObjectStore
 from .tiers.stack import ObjectRef
+from .writeback.manager import WriteBack, parent_prefix
+from .writeback.pending import DELETED, Pending
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +64,22 @@ class Node:
 class _Listing:
     fetched_at: float
     entries: dict[str, Entry] = field(default_factory=dict)
-    ordered: list[Entry] = field(default_factory=list)
+    _ordered: list[Entry] | None = None
+
+    @property
+    def ordered(self) -> list[Entry]:
+        """Entries by name; sorted on demand so single-entry updates stay O(1)."""
+        if self._ordered is None:
+            self._ordered = sorted(self.entries.values(), key=lambda entry: entry.name)
+        return self._ordered
+
+    def put(self, entry: Entry) -> None:
+        self.entries[entry.name] = entry
+        self._ordered = None
+
+    def drop(self, name: str) -> None:
+        if self.entries.pop(name, None) is not None:
+            self._ordered = None
 
 
 def valid_name(name: str) -> bool:
@@ -71,8 +89,10 @@ def valid_name(name: str) -> bool:
 
 class Namespace:
     def __init__(self, stores: dict[str, ObjectStore], ttl: float,
+                 writeback: WriteBack | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.stores = stores
+        self.writeback = writeback
         self.ttl = ttl
         self._clock = clock
         self._lock = threading.Lock()
@@ -85,9 +105,8 @@ class Namespace:
         self.single_source = set(stores) == {""}
         self._nodes[ROOT_INODE] = Node(ROOT_INODE, ROOT_INODE, "", "", "", None, math.inf, 1)
         if not self.single_source:
-            root_entries = [Entry(name, None) for name in sorted(stores)]
-            self._listings[("", "")] = _Listing(math.inf, {e.name: e for e in root_entries},
-                                                root_entries)
+            self._listings[("", "")] = _Listing(math.inf, {name: Entry(name, None)
+                                                           for name in stores})
 
     # --- nodes -------------------------------------------------------------------------------
 
@@ -120,6 +139,10 @@ class Namespace:
         self._children[(parent.inode, entry.name)] = inode
         return node
 
+    def node_of(self, parent: Node, name: str) -> Node | None:
+        inode = self._children.get((parent.inode, name))
+        return self._nodes.get(inode) if inode else None
+
     def forget(self, inode: int, count: int) -> None:
         with self._lock:
             node = self._nodes.get(inode)
@@ -136,16 +159,45 @@ class Namespace:
 
     # --- listings ----------------------------------------------------------------------------
 
-    def cached_listing(self, source: str, prefix: str) -> _Listing | None:
-        """The listing if it is cached and fresh (no I/O), else None."""
+    def _fresh_store_listing(self, source: str, prefix: str) -> _Listing | None:
         listing = self._listings.get((source, prefix))
         if listing is not None and self.is_fresh(listing.fetched_at):
             return listing
         return None
 
+    def cached_listing(self, source: str, prefix: str) -> _Listing | None:
+        """The directory as the mount shows it, if that needs no I/O, else None."""
+        listing = self._fresh_store_listing(source, prefix)
+        return None if listing is None else self._with_pending(listing, source, prefix)
+
     def listing(self, source: str, prefix: str) -> _Listing:
-        """The directory's listing, fetched from the store when stale (blocks)."""
-        cached = self.cached_listing(source, prefix)
+        """The directory as the mount shows it: the store's listing under pending writes."""
+        return self._with_pending(self._store_listing(source, prefix), source, prefix)
+
+    def _with_pending(self, listing: _Listing, source: str, prefix: str) -> _Listing:
+        pending = self.writeback.children(source, prefix) if self.writeback else ()
+        if not pending:
+            return listing
+        merged = _Listing(listing.fetched_at, dict(listing.entries))
+        for state in pending:
+            name = state.key[len(prefix):].rstrip("/")
+            visible = self._pending_entry(name, state)
+            if visible is not None:
+                merged.put(visible)
+            elif state.key.endswith("/") == (merged.entries.get(name, Entry(name, None)).is_dir):
+                merged.drop(name)
+        return merged
+
+    def _pending_entry(self, name: str, state: Pending) -> Entry | None:
+        if state.kind == DELETED:
+            return None
+        if state.key.endswith("/"):
+            return Entry(name, None)
+        return Entry(name, self.writeback.info(state))
+
+    def _store_listing(self, source: str, prefix: str) -> _Listing:
+        """The store's listing of a directory, fetched when stale (blocks)."""
+        cached = self._fresh_store_listing(source, prefix)
         if cached is not None:
             return cached
         slot = (source, prefix)
@@ -157,7 +209,15 @@ class Namespace:
         if not owner:
             return loading.result()
         try:
-            listing = self._fetch_listing(source, prefix)
+            try:
+                listing = self._fetch_listing(source, prefix)
+            except StoreError:
+                stale = self._listings.get(slot)
+                if stale is None:
+                    raise
+                log.warning("listing %s of %s failed; serving the listing cached %.0fs ago",
+                            prefix or "/", self.stores[source].url, self._clock() - stale.fetched_at)
+                listing = stale
             with self._lock:
                 self._listings[slot] = listing
             loading.set_result(listing)
@@ -189,8 +249,7 @@ class Namespace:
                              "name shadows it")
                 continue
             entries[name] = Entry(name, info)
-        ordered = sorted(entries.values(), key=lambda entry: entry.name)
-        return _Listing(fetched_at, entries, ordered)
+        return _Listing(fetched_at, entries)
 
     def _acceptable(self, source: str, name: str, key: str) -> bool:
         if valid_name(name) and "/" not in name:
@@ -206,10 +265,91 @@ class Namespace:
 
     # --- lookups -----------------------------------------------------------------------------
 
+    def cached_entry(self, parent: Node, name: str) -> Entry | None | bool:
+        """The child `name` if knowable without I/O (None if absent), else False.
+
+        Pending writes are consulted first, so creating thousands of files in one directory
+        never merges its listing."""
+        found = self._pending_child(parent, name)
+        if found is not False:
+            return found
+        listing = self._fresh_store_listing(parent.source, parent.key)
+        return False if listing is None else listing.entries.get(name)
+
+    def entry(self, parent: Node, name: str) -> Entry | None:
+        """The child `name`, or None; lists the parent if its listing is stale (blocks)."""
+        found = self._pending_child(parent, name)
+        if found is not False:
+            return found
+        return self._store_listing(parent.source, parent.key).entries.get(name)
+
+    def _pending_child(self, parent: Node, name: str) -> Entry | None | bool:
+        if self.writeback is None or (parent.inode == ROOT_INODE and not self.single_source):
+            return False
+        key = parent.key + name
+        marker = self.writeback.get(parent.source, key + "/")
+        if marker is not None and marker.kind != DELETED:
+            return Entry(name, None)
+        state = self.writeback.get(parent.source, key)
+        if state is not None:
+            return self._pending_entry(name, state)
+        if marker is not None:
+            return None
+        return False
+
     def lookup(self, parent: Node, name: str) -> Node | None:
-        """The child called `name`, or None; lists the parent if its listing is stale."""
-        entry = self.listing(parent.source, parent.key).entries.get(name)
+        entry = self.entry(parent, name)
         return self.child(parent, entry) if entry else None
+
+    def current_info(self, node: Node) -> ObjectInfo | None:
+        """A file's metadata as the mount shows it now: its pending write, else the latest
+        listing (updated when an upload settles), else what the node was created with."""
+        if node.info is None:
+            return None
+        if self.writeback is not None:
+            state = self.writeback.get(node.source, node.key)
+            if state is not None and state.kind != DELETED:
+                return self.writeback.info(state)
+        listing = self._listings.get((node.source, parent_prefix(node.key)))
+        if listing is not None:
+            entry = listing.entries.get(node.name)
+            if entry is not None and entry.info is not None and entry.info.key == node.key:
+                return entry.info
+        return node.info
+
+    def settled(self, source: str, key: str, info: ObjectInfo | None) -> None:
+        """The store now has `info` for `key` (None: deleted); keep cached listings true."""
+        listing = self._listings.get((source, parent_prefix(key)))
+        if listing is None:
+            return
+        name = key[len(parent_prefix(key)):].rstrip("/")
+        with self._lock:
+            if key.endswith("/"):
+                if info is not None:
+                    listing.put(Entry(name, None))
+            elif info is not None:
+                listing.put(Entry(name, info))
+            else:
+                current = listing.entries.get(name)
+                if current is not None and not current.is_dir:
+                    listing.drop(name)
+
+    def moved(self, node: Node, new_parent: Node, new_name: str, new_key: str) -> None:
+        """The kernel keeps a renamed inode, so the node (and, for a directory, every node
+        below it) must answer for its new key from now on."""
+        with self._lock:
+            self._children.pop((node.parent, node.name), None)
+            stale = self._children.get((new_parent.inode, new_name))
+            if stale is not None and stale != node.inode:
+                del self._children[(new_parent.inode, new_name)]
+            old_key = node.key
+            node.parent, node.name, node.key = new_parent.inode, new_name, new_key
+            self._children[(new_parent.inode, new_name)] = node.inode
+            if node.is_dir:
+                for other in self._nodes.values():
+                    if other is not node and other.source == node.source and \
+                            other.key.startswith(old_key):
+                        other.key = new_key + other.key[len(old_key):]
 
     def revalidate(self, node: Node) -> ObjectInfo | None:
         """Current metadata of a file whose cached copy is older than the TTL (blocks)."""

@@ -138,6 +138,14 @@ MOUNT_OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("writeback", _choice("async", "sync"), "async",
                "async: upload after close; sync: close waits for the upload (default async)",
                metavar="MODE"),
+    OptionSpec("writeback_delay", _seconds, 1.0,
+               "seconds after the last close before a file is uploaded (default 1)",
+               metavar="SECONDS"),
+    OptionSpec("dirty_high_watermark", _fraction, 0.5,
+               "share of the disk tier dirty data may use before writers are slowed and uploads "
+               "run eagerly (default 0.5)", metavar="F"),
+    OptionSpec("upload_concurrency", _positive_count, 4,
+               "files uploaded at once (default 4)", metavar="N"),
     OptionSpec("endpoint_url", _text, None,
                "S3 endpoint (default: AWS_ENDPOINT_URL or AWS itself)", metavar="URL"),
     OptionSpec("region", _text, None, "S3 region (default: the AWS configuration's)", metavar="REGION"),
@@ -173,6 +181,9 @@ class MountOptions:
     immutable: bool
     read_only: bool
     writeback: str
+    writeback_delay: float
+    dirty_high_watermark: float
+    upload_concurrency: int
     endpoint_url: str | None
     region: str | None
     allow_other: bool

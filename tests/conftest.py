@@ -109,7 +109,8 @@ def is_mounted(path: Path) -> bool:
 
 def unmount(path: Path) -> None:
     if is_mounted(path):
-        subprocess.run(AVAFS + ["umount", str(path)], capture_output=True, timeout=120)
+        subprocess.run(AVAFS + ["umount", "--no-flush", str(path)], capture_output=True,
+                       timeout=120)
     if is_mounted(path):
         subprocess.run(["fusermount3", "-u", "-z", str(path)], capture_output=True)
 

@@ -7,10 +7,11 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 from conftest import AVAFS, TEST_CREDENTIALS, S3Server, free_port, run_avafs
+
+from avafs.processes import wait_for_exit
 
 
 def one_line_error(result: subprocess.CompletedProcess) -> str:
@@ -100,26 +101,13 @@ def test_dead_mount_is_reported_and_cleared(local_bucket, mount, tmp_path):
     mnt = mount(local_bucket.as_uri())
     pid = int(os.getxattr(mnt, "user.avafs.pid"))
     os.kill(pid, 9)
-    wait_until_dead(pid)
+    assert wait_for_exit(pid, 30)
     line = one_line_error(run_avafs("mount", local_bucket.as_uri(), str(mnt),
                                     "--cache-dir", str(tmp_path / "c2")))
     assert "dead mount" in line and "avafs umount" in line
     assert run_avafs("umount", str(mnt)).returncode == 0
     mount(local_bucket.as_uri(), mountpoint=mnt)
     assert os.listdir(mnt) == []
-
-
-def wait_until_dead(pid: int) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                if stat.read().split(") ")[1].startswith("Z"):
-                    return
-        except FileNotFoundError:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"pid {pid} still alive")
 
 
 def _in_private_mount_namespace(setup: str, *args: str) -> subprocess.CompletedProcess:

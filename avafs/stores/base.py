@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import BinaryIO
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,4 +50,21 @@ class ObjectStore(ABC):
         """`length` bytes from `start` of the version `etag`.
 
         Raises ObjectChangedError if the object is no longer that version.
+        """
+
+    @abstractmethod
+    def put(self, key: str, body: BinaryIO, size: int) -> ObjectInfo:
+        """Store `size` bytes read from `body` as `key`, atomically for readers: they see the
+        old object or the whole new one. An exception raised by `body.read` aborts the upload
+        and leaves the old object. A key ending in '/' is a directory marker."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove `key`; removing a missing key is not an error."""
+
+    @abstractmethod
+    def copy(self, source_key: str, key: str, etag: str) -> ObjectInfo:
+        """Server-side copy of version `etag` of `source_key` to `key`.
+
+        Raises ObjectChangedError if the source is no longer that version.
         """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 from ..metrics import Metrics
 from .base import Listing, ObjectInfo, ObjectStore
@@ -40,3 +40,12 @@ class InstrumentedStore(ObjectStore):
 
     def get_range(self, key: str, start: int, length: int, etag: str) -> bytes:
         return self._timed("get", lambda: self.inner.get_range(key, start, length, etag))
+
+    def put(self, key: str, body: BinaryIO, size: int) -> ObjectInfo:
+        return self._timed("put", lambda: self.inner.put(key, body, size))
+
+    def delete(self, key: str) -> None:
+        self._timed("delete", lambda: self.inner.delete(key))
+
+    def copy(self, source_key: str, key: str, etag: str) -> ObjectInfo:
+        return self._timed("copy", lambda: self.inner.copy(source_key, key, etag))

@@ -7,7 +7,10 @@ rewritten file is a new version and its cached blocks are never served for the n
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
+from typing import BinaryIO
 
 from ..errors import AvafsError, ObjectChangedError, StoreError
 from .base import Listing, ObjectInfo, ObjectStore
@@ -73,3 +76,45 @@ class LocalStore(ObjectStore):
             raise ObjectChangedError(f"{self.url}/{key} was deleted while being read") from None
         except OSError as error:
             raise StoreError(f"cannot read {self._path(key)}: {error.strerror}") from None
+
+    def put(self, key: str, body: BinaryIO, size: int) -> ObjectInfo:
+        path = self._path(key)
+        if key.endswith("/"):
+            path.mkdir(parents=True, exist_ok=True)
+            return ObjectInfo(key, 0, "", path.stat().st_mtime)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor, temporary = tempfile.mkstemp(prefix=".avafs-upload-", dir=path.parent)
+        try:
+            os.fchmod(descriptor, 0o644)
+            with os.fdopen(descriptor, "wb") as target:
+                shutil.copyfileobj(body, target, 1 << 20)
+                target.flush()
+                os.fsync(target.fileno())
+            os.replace(temporary, path)
+        except BaseException:
+            os.unlink(temporary)
+            raise
+        info = self.head(key)
+        assert info is not None
+        return info
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        try:
+            if key.endswith("/"):
+                path.rmdir()
+            else:
+                path.unlink()
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        except OSError as error:
+            raise StoreError(f"cannot delete {path}: {error.strerror}") from None
+
+    def copy(self, source_key: str, key: str, etag: str) -> ObjectInfo:
+        try:
+            with open(self._path(source_key), "rb") as source:
+                if _etag(os.fstat(source.fileno())) != etag:
+                    raise ObjectChangedError(f"{self.url}/{source_key} changed before its copy")
+                return self.put(key, source, os.fstat(source.fileno()).st_size)
+        except FileNotFoundError:
+            raise ObjectChangedError(f"{self.url}/{source_key} vanished before its copy") from None

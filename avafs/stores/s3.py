@@ -14,10 +14,12 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import BinaryIO
 from urllib.parse import urlsplit
 
 import boto3
 import botocore.exceptions
+from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
 from ..errors import AvafsError, ObjectChangedError, StoreError
@@ -36,6 +38,8 @@ _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403",
            "InvalidToken", "ExpiredToken", "AllAccessDisabled"}
 _MISSING_BUCKET = {"NoSuchBucket", "404", "NotFound"}
 _BODY_ATTEMPTS = 6
+_TRANSFER = TransferConfig(multipart_threshold=64 * 2**20, multipart_chunksize=16 * 2**20,
+                           max_concurrency=4, use_threads=True)
 
 
 def _code(error: botocore.exceptions.ClientError) -> str:
@@ -153,3 +157,38 @@ class S3Store(ObjectStore):
                             type(error).__name__)
                 time.sleep(min(0.1 * 2**attempt, 5.0))
         raise AssertionError("unreachable")
+
+    def put(self, key: str, body: BinaryIO, size: int) -> ObjectInfo:
+        """Single PUT below 64 MiB, multipart above; both are atomic for readers in S3."""
+        try:
+            self._client.upload_fileobj(body, self.bucket, self.prefix + key, Config=_TRANSFER)
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
+            raise StoreError(self._describe(error)) from None
+        info = self.head(key)
+        if info is None:
+            raise StoreError(f"{self.url}{key} is missing right after its upload")
+        return info
+
+    def delete(self, key: str) -> None:
+        try:
+            self._client.delete_object(Bucket=self.bucket, Key=self.prefix + key)
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
+            raise StoreError(self._describe(error)) from None
+
+    def copy(self, source_key: str, key: str, etag: str) -> ObjectInfo:
+        """Managed copy (multipart above 64 MiB), only of the version that was renamed."""
+        try:
+            self._client.copy({"Bucket": self.bucket, "Key": self.prefix + source_key},
+                              self.bucket, self.prefix + key,
+                              ExtraArgs={"CopySourceIfMatch": f'"{etag}"'}, Config=_TRANSFER)
+        except botocore.exceptions.ClientError as error:
+            if _code(error) in ("PreconditionFailed", "412", "NoSuchKey", "404"):
+                raise ObjectChangedError(f"{self.url}{source_key} changed before its copy") \
+                    from None
+            raise StoreError(self._describe(error)) from None
+        except botocore.exceptions.BotoCoreError as error:
+            raise StoreError(self._describe(error)) from None
+        info = self.head(key)
+        if info is None:
+            raise StoreError(f"{self.url}{key} is missing right after its copy")
+        return info

@@ -45,6 +45,7 @@ class DiskTier:
         self._tmp_dir.mkdir(parents=True)
         self._blocks_dir.mkdir(exist_ok=True)
         self._lock = threading.Lock()
+        self._capacity = capacity
         self._lru = CappedLRU(capacity, capacity_files, high, low)
         self._records: dict[BlockId, tuple[int, int]] = {}  # size, crc32
         self._index = Rdict(str(root / "index"), options=Options(raw_mode=True))
@@ -84,7 +85,14 @@ class DiskTier:
 
     @property
     def capacity(self) -> int:
-        return self._lru.capacity_bytes
+        return self._capacity
+
+    def reserve(self, dirty_bytes: int) -> None:
+        """Give `dirty_bytes` of the tier to write-back: clean blocks make room, at once."""
+        with self._lock:
+            self._lru.capacity_bytes = max(0, self._capacity - dirty_bytes)
+            victims = self._lru.victims_over_capacity()
+        self._remove(victims)
 
     @property
     def used(self) -> int:

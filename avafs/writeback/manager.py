@@ -1,0 +1,387 @@
+"""Write-back: written data lives on the local disk as dirty files until the store has it.
+
+Why whole local files: checkpoints and logs are written sequentially and read back whole, and a
+local file gives POSIX semantics (random writes, truncate, append, sqlite) for free; an existing
+object is copied in once when it is first opened for writing. Dirty bytes count against the disk
+tier, so clean blocks are evicted to make room for them and never the other way round.
+
+Durability: `commit()` (FUSE flush and fsync, i.e. close() and fsync()) fsyncs the data file and
+journals the pending state before it returns. Nothing leaves the journal until the store
+acknowledged it, whatever fails meanwhile.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from ..errors import ObjectChangedError
+from ..metrics import Metrics
+from ..stores.base import ObjectInfo
+from ..tiers.disk import DiskTier, allocated
+from ..tiers.stack import ObjectRef, TierStack
+from .journal import Journal
+from .pending import COPY, DATA, DELETED, Pending
+
+log = logging.getLogger(__name__)
+
+Settled = Callable[[str, str, ObjectInfo | None], None]
+_COPY_IN_CHUNK = 4 * 2**20
+
+
+def parent_prefix(key: str) -> str:
+    stripped = key[:-1] if key.endswith("/") else key
+    return stripped.rpartition("/")[0] + "/" if "/" in stripped else ""
+
+
+class WriteBack:
+    def __init__(self, directory: Path, stack: TierStack, disk: DiskTier, metrics: Metrics,
+                 dirty_limit: int, sync_uploads: bool, delay: float) -> None:
+        self.directory = directory
+        self.data_dir = directory / "data"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.stack = stack
+        self.disk = disk
+        self.metrics = metrics
+        self.dirty_limit = dirty_limit
+        self.sync_uploads = sync_uploads
+        self.delay = delay
+        self.on_settled: Settled = lambda source, key, info: None
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        self._pending: dict[tuple[str, str], Pending] = {}
+        self._by_dir: dict[tuple[str, str], set[str]] = {}
+        self._file_refs: Counter[str] = Counter()
+        self.dirty_bytes = 0
+        self.eager = False
+        self.store_unreachable_since: float | None = None
+        self.journal = Journal(directory / "journal")
+        self._seq = itertools.count(1)
+        self._recover()
+
+    # --- recovery ------------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        entries = self.journal.load()
+        referenced = {entry.file for entry in entries if entry.file}
+        for path in self.data_dir.iterdir():
+            if path.name not in referenced:
+                path.unlink()  # written but never committed: not acknowledged to anyone
+        for entry in entries:
+            if entry.file and not (self.data_dir / entry.file).exists():
+                log.error("journal names %s of %s but the file is gone; cannot upload it",
+                          entry.file, entry.key)
+                self.journal.remove(entry)
+                continue
+            self._index(entry)
+        self._seq = itertools.count(max((e.seq for e in entries), default=0) + 1)
+        self._account()
+        if entries:
+            log.info("write-back: %d pending changes from the journal (%d dirty bytes) will be "
+                     "uploaded", len(self._pending), self.dirty_bytes)
+
+    # --- state ---------------------------------------------------------------------------------
+
+    def _index(self, entry: Pending) -> None:
+        """Make `entry` the state of its key; data files are reference-counted by states and
+        open handles, and deleted when the last one lets go."""
+        if entry.file:
+            self._file_refs[entry.file] += 1
+        old = self._pending.get(entry.slot)
+        if old is not None and old.file:
+            self._release_file(old.file)
+        self._pending[entry.slot] = entry
+        self._by_dir.setdefault((entry.source, parent_prefix(entry.key)), set()).add(entry.key)
+
+    def _unindex(self, entry: Pending) -> None:
+        if self._pending.get(entry.slot) is not entry:
+            return
+        del self._pending[entry.slot]
+        keys = self._by_dir.get((entry.source, parent_prefix(entry.key)))
+        if keys is not None:
+            keys.discard(entry.key)
+            if not keys:
+                del self._by_dir[(entry.source, parent_prefix(entry.key))]
+        if entry.file:
+            self._release_file(entry.file)
+
+    def _release_file(self, name: str) -> None:
+        self._file_refs[name] -= 1
+        if self._file_refs[name] <= 0:
+            del self._file_refs[name]
+            (self.data_dir / name).unlink(missing_ok=True)
+
+    def _account(self) -> None:
+        self.dirty_bytes = sum(allocated(entry.size) for entry in self._pending.values()
+                               if entry.kind == DATA)
+        self.disk.reserve(self.dirty_bytes)
+        self.metrics.dirty_bytes.set(self.dirty_bytes)
+        self.metrics.upload_queue.set(len(self._pending))
+
+    def _next(self, source: str, key: str, kind: str, **fields: object) -> Pending:
+        return Pending(source, key, kind, next(self._seq), **fields)
+
+    def get(self, source: str, key: str) -> Pending | None:
+        return self._pending.get((source, key))
+
+    def children(self, source: str, prefix: str) -> list[Pending]:
+        """Pending states of keys directly under `prefix`."""
+        with self.lock:
+            keys = self._by_dir.get((source, prefix), ())
+            return [self._pending[(source, key)] for key in keys]
+
+    def data_path(self, entry: Pending) -> Path | None:
+        return self.data_dir / entry.file if entry.file else None
+
+    def hold_file(self, name: str) -> None:
+        """An open handle keeps a data file alive across unlink and rename (POSIX semantics)."""
+        with self.lock:
+            self._file_refs[name] += 1
+
+    def drop_file(self, name: str) -> None:
+        with self.lock:
+            self._release_file(name)
+
+    def info(self, entry: Pending) -> ObjectInfo:
+        return ObjectInfo(entry.key, entry.size, f"avafs-local-{entry.seq}-{entry.generation}",
+                          entry.mtime)
+
+    # --- writing -------------------------------------------------------------------------------
+
+    def open_writer(self, source: str, key: str, base: ObjectRef | None,
+                    truncate: bool) -> Pending:
+        """The DATA state of `key`, made from `base` (its current content) unless truncating.
+
+        Blocks while an existing object is copied in from the tiers.
+        """
+        with self.lock:
+            current = self._pending.get((source, key))
+            if current is not None and current.kind == DATA and current.file:
+                current.writers += 1
+                current.changed_at = time.monotonic()
+                return current
+        name = uuid.uuid4().hex
+        path = self.data_dir / name
+        with open(path, "wb") as target:
+            if base is not None and not truncate:
+                for offset in range(0, base.size, _COPY_IN_CHUNK):
+                    target.write(self.stack.read(base, offset, _COPY_IN_CHUNK))
+        with self.lock:
+            entry = self._next(source, key, DATA, file=name,
+                               size=0 if truncate or base is None else base.size)
+            entry.writers = 1
+            self._index(entry)
+            self._account()
+            return entry
+
+    def wrote(self, entry: Pending, end: int) -> None:
+        """Account a write that ended at byte `end` (called before the data is written, so an
+        upload in flight can tell its snapshot is stale)."""
+        with self.lock:
+            entry.generation += 1
+            entry.durable = False
+            entry.changed_at = time.monotonic()
+            entry.mtime = time.time()
+            if end > entry.size:
+                entry.size = end
+                self._account()
+
+    def truncated(self, entry: Pending, size: int) -> None:
+        with self.lock:
+            entry.generation += 1
+            entry.durable = False
+            entry.size = size
+            entry.mtime = time.time()
+            entry.changed_at = time.monotonic()
+            self._account()
+
+    def over_dirty_limit(self) -> bool:
+        return self.dirty_bytes > self.dirty_limit
+
+    def has_uploadable(self) -> bool:
+        """Whether waiting can help: some pending change is not held open by a writer."""
+        with self.lock:
+            return any(not entry.writers for entry in self._pending.values())
+
+    def disk_full_of_dirty_data(self) -> bool:
+        return self.dirty_bytes >= self.disk.capacity
+
+    def commit(self, entry: Pending, fd: int | None) -> None:
+        """Make the entry's data and state durable locally (close() and fsync() wait for it)."""
+        if fd is not None:
+            os.fsync(fd)
+        with self.lock:
+            if self._pending.get(entry.slot) is not entry:
+                return
+            self.journal.save([entry])
+            entry.durable = True
+            entry.changed_at = time.monotonic()
+            entry.awaited = self.sync_uploads
+            self.changed.notify_all()
+        if self.sync_uploads:
+            self.wait_settled([entry])
+
+    def release_writer(self, entry: Pending) -> None:
+        with self.lock:
+            entry.writers = max(0, entry.writers - 1)
+            entry.changed_at = time.monotonic()
+            self.changed.notify_all()
+
+    # --- namespace changes ---------------------------------------------------------------------
+
+    def _replace(self, changes: list[Pending], removed: list[Pending] = ()) -> None:
+        """Journal and index several states at once (one synced batch)."""
+        self.journal.save(changes, [entry for entry in removed])
+        for entry in removed:
+            self._unindex(entry)
+        for entry in changes:
+            entry.durable = True
+            self._index(entry)
+        self._account()
+        self.changed.notify_all()
+        if self.sync_uploads:
+            self.lock.release()
+            try:
+                self.wait_settled(changes)
+            finally:
+                self.lock.acquire()
+
+    def unlink(self, source: str, key: str) -> None:
+        with self.lock:
+            self._replace([self._next(source, key, DELETED)])
+
+    def mkdir(self, source: str, prefix: str) -> None:
+        with self.lock:
+            self._replace([self._next(source, prefix, DATA)])
+
+    def rmdir(self, source: str, prefix: str) -> None:
+        """The marker goes after every pending change below it (a local bucket cannot remove
+        a directory that still holds files)."""
+        with self.lock:
+            below = tuple(key for (entry_source, key) in self._pending
+                          if entry_source == source and key.startswith(prefix) and key != prefix)
+            self._replace([self._next(source, prefix, DELETED, wait_for=below)])
+
+    def rename(self, source: str, moves: list[tuple[str, str, ObjectInfo | None]],
+               markers: list[tuple[str, str]]) -> None:
+        """Move keys (old, new, clean info or None if dirty) and directory markers (old prefix,
+        new prefix) in one journal batch, so a crash leaves the whole rename or none of it."""
+        with self.lock:
+            changes: list[Pending] = []
+            for old, new, clean in moves:
+                current = self._pending.get((source, old))
+                if current is not None and current.kind == DATA:
+                    moved = self._next(source, new, DATA, file=current.file, size=current.size,
+                                       mtime=current.mtime)
+                    changes += [moved, self._next(source, old, DELETED)]
+                elif current is not None and current.kind == COPY:
+                    changes += [self._next(source, new, COPY, size=current.size,
+                                           mtime=current.mtime, copy_from=current.copy_from,
+                                           copy_etag=current.copy_etag),
+                                self._next(source, old, DELETED)]
+                elif clean is not None:
+                    changes += [self._next(source, new, COPY, size=clean.size, mtime=clean.mtime,
+                                           copy_from=old, copy_etag=clean.etag),
+                                self._next(source, old, DELETED, wait_for=(new,))]
+            for old, new in sorted(markers, key=lambda marker: -marker[0].count("/")):
+                below = tuple(entry.key for entry in changes
+                              if entry.key.startswith(old) and entry.key != old)
+                changes += [self._next(source, new, DATA),
+                            self._next(source, old, DELETED, wait_for=below)]
+            self._replace(changes)
+
+    # --- upload bookkeeping, for the uploader ----------------------------------------------------
+
+    def ready(self, now: float) -> list[Pending]:
+        """Entries the uploader may start now, oldest first."""
+        with self.lock:
+            found = []
+            for entry in self._pending.values():
+                if entry.uploading or not entry.durable or entry.next_attempt > now or \
+                        (entry.writers and not entry.awaited):
+                    continue
+                if not self.eager and not self.sync_uploads and \
+                        now - entry.changed_at < self.delay and not self.over_dirty_limit():
+                    continue
+                if any((entry.source, other) in self._pending for other in entry.wait_for):
+                    continue
+                found.append(entry)
+            return sorted(found, key=lambda entry: entry.seq)
+
+    def settled(self, entry: Pending, generation: int, info: ObjectInfo | None) -> bool:
+        """Record that the store has `entry` as of `generation`; False if it changed since."""
+        with self.lock:
+            entry.uploading = False
+            self.store_unreachable_since = None
+            current = self._pending.get(entry.slot)
+            if current is not entry or entry.generation != generation:
+                self.changed.notify_all()
+                return False
+            self.journal.remove(entry)
+            self._unindex(entry)
+            self._account()
+            self.changed.notify_all()
+        self.on_settled(entry.source, entry.key, info)
+        return True
+
+    def failed(self, entry: Pending, error: Exception) -> None:
+        with self.lock:
+            entry.uploading = False
+            entry.attempts += 1
+            entry.next_attempt = time.monotonic() + min(0.5 * 2 ** min(entry.attempts, 7), 30.0)
+            if self.store_unreachable_since is None:
+                self.store_unreachable_since = time.monotonic()
+            self.metrics.upload_failures.inc()
+            if isinstance(error, ObjectChangedError) and entry.kind == COPY:
+                log.error("cannot finish renaming %s to %s: %s; the source was changed by "
+                          "someone else", entry.copy_from, entry.key, error)
+                self.journal.remove(entry)
+                self._unindex(entry)
+                self._account()
+            self.changed.notify_all()
+        log.warning("upload of %s (attempt %d) failed: %s; retrying in %.1fs", entry.key,
+                    entry.attempts, error, entry.next_attempt - time.monotonic())
+
+    # --- flush and status --------------------------------------------------------------------
+
+    def wait_settled(self, entries: list[Pending], timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.lock:
+            while any(self._pending.get(entry.slot) is entry for entry in entries):
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self.changed.wait(remaining if remaining is not None else 1.0)
+        return True
+
+    def flush(self, progress: Callable[[dict], None] | None = None) -> dict:
+        """Upload everything now and wait until nothing is pending."""
+        self.eager = True
+        try:
+            with self.lock:
+                self.changed.notify_all()
+                while self._pending:
+                    if progress is not None:
+                        progress(self.status())
+                    self.changed.wait(0.5)
+        finally:
+            self.eager = False
+        return self.status()
+
+    def status(self) -> dict[str, int]:
+        with self.lock:
+            return {"bytes": self.dirty_bytes,
+                    "files": sum(entry.kind == DATA and entry.file is not None
+                                 for entry in self._pending.values()),
+                    "upload_queue": len(self._pending),
+                    "uploading": sum(entry.uploading for entry in self._pending.values())}
+
+    def close(self) -> None:
+        self.journal.close()

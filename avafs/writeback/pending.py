@@ -1,0 +1,64 @@
+"""What the store must become for one key: the unit of write-back.
+
+Write-back keeps, per key, the state the store has to reach (new data, a deletion, or a copy of
+another key's version), not a log of operations: a newer state replaces an older one, so an old
+upload can never overwrite newer data and a deleted file is never uploaded. Ordering between keys
+(a rename's delete of its source must follow the copy that reads it) is `wait_for`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+DATA = "data"
+DELETED = "deleted"
+COPY = "copy"
+
+
+@dataclass(eq=False)
+class Pending:
+    source: str
+    key: str
+    kind: str
+    seq: int
+    size: int = 0
+    mtime: float = field(default_factory=time.time)
+    file: str | None = None
+    """The local data file (DATA); None is an empty object, e.g. a directory marker."""
+    copy_from: str | None = None
+    copy_etag: str | None = None
+    wait_for: tuple[str, ...] = ()
+    # Not journaled: the state of this daemon's work on the entry.
+    durable: bool = False
+    writers: int = 0
+    generation: int = 0
+    changed_at: float = field(default_factory=time.monotonic)
+    attempts: int = 0
+    next_attempt: float = 0.0
+    uploading: bool = False
+    awaited: bool = False
+    """A close() waits for this upload (--writeback sync): upload it though still open."""
+
+    @property
+    def slot(self) -> tuple[str, str]:
+        return self.source, self.key
+
+    def record(self) -> bytes:
+        return json.dumps({
+            "source": self.source, "key": self.key, "kind": self.kind, "seq": self.seq,
+            "size": self.size, "mtime": self.mtime, "file": self.file,
+            "copy_from": self.copy_from, "copy_etag": self.copy_etag,
+            "wait_for": list(self.wait_for),
+        }).encode()
+
+    @classmethod
+    def from_record(cls, raw: bytes) -> Pending:
+        fields = json.loads(raw)
+        fields["wait_for"] = tuple(fields["wait_for"])
+        return cls(**fields, durable=True)
+
+
+def journal_key(source: str, key: str) -> bytes:
+    return f"{source}\0{key}".encode()

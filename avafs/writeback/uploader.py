@@ -1,0 +1,110 @@
+"""The uploader: worker threads that bring the store to each key's pending state.
+
+Retries never give up: a failed upload is retried with exponential backoff (capped at 30 s)
+for as long as the daemon runs, and stays in the journal across restarts. An upload reads the
+local file through a guard that aborts it if the file is written meanwhile, so the store never
+gets a snapshot mixing two versions; the key simply stays pending and goes again.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+import time
+from typing import BinaryIO
+
+from ..stores.base import ObjectStore
+from .manager import WriteBack
+from .pending import COPY, DATA, DELETED, Pending
+
+log = logging.getLogger(__name__)
+
+
+class ChangedDuringUpload(Exception):
+    """The file was written while being uploaded; this snapshot must not reach the store."""
+
+
+class GuardedReader(io.RawIOBase):
+    """File reads for an upload, valid only while the entry's generation stays the same.
+
+    Closing it leaves the underlying file to its owner."""
+
+    def __init__(self, file: BinaryIO, entry: Pending, generation: int) -> None:
+        super().__init__()
+        self._file = file
+        self._entry = entry
+        self._generation = generation
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._file.read(size)
+        if self._entry.generation != self._generation:
+            raise ChangedDuringUpload(self._entry.key)
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+
+class Uploader:
+    def __init__(self, writeback: WriteBack, stores: dict[str, ObjectStore], workers: int) -> None:
+        self.writeback = writeback
+        self.stores = stores
+        self._stopping = False
+        self._threads = [threading.Thread(target=self._work, daemon=True,
+                                          name=f"avafs-upload-{number}")
+                         for number in range(workers)]
+        for thread in self._threads:
+            thread.start()
+
+    def _claim(self) -> Pending | None:
+        writeback = self.writeback
+        with writeback.lock:
+            while not self._stopping:
+                ready = writeback.ready(time.monotonic())
+                if ready:
+                    entry = ready[0]
+                    entry.uploading = True
+                    return entry
+                writeback.changed.wait(0.2)
+        return None
+
+    def _work(self) -> None:
+        while (entry := self._claim()) is not None:
+            generation = entry.generation
+            try:
+                info = self._apply(entry, generation)
+            except Exception as error:  # noqa: BLE001 - every failure is retried
+                self.writeback.failed(entry, error)
+                continue
+            self.writeback.settled(entry, generation, info)
+
+    def _apply(self, entry: Pending, generation: int):
+        store = self.stores[entry.source]
+        if entry.kind == DELETED:
+            store.delete(entry.key)
+            return None
+        if entry.kind == COPY:
+            return store.copy(entry.copy_from, entry.key, entry.copy_etag)
+        assert entry.kind == DATA
+        path = self.writeback.data_path(entry)
+        if path is None:
+            return store.put(entry.key, io.BytesIO(b""), 0)
+        with open(path, "rb") as file:
+            return store.put(entry.key, GuardedReader(file, entry, generation), entry.size)
+
+    def stop(self) -> None:
+        self._stopping = True
+        with self.writeback.lock:
+            self.writeback.changed.notify_all()
+        for thread in self._threads:
+            thread.join(timeout=30)
