@@ -14,10 +14,13 @@ from typing import Any
 
 from .control import call
 from .errors import AvafsError
-from .manifest import read_manifest
-from .mounts import AVAFS_FSTYPE, containing_mount
+from .manifest import ManifestError, read_manifest
+from .mounts import AVAFS_FSTYPE, containing_mount, mount_at
 
 CONTROL_XATTR = "user.avafs.control"
+
+
+__all__ = ["AvafsError", "Client", "ManifestError", "NotAnAvafsMount"]
 
 
 class NotAnAvafsMount(AvafsError):
@@ -25,6 +28,9 @@ class NotAnAvafsMount(AvafsError):
 
 
 class Client:
+    """A mount's control client. `mountpoint` may also be a bind mount of a directory of the
+    mount (a CSI volume's subPath in a pod): paths are then taken relative to that directory."""
+
     def __init__(self, mountpoint: str | os.PathLike) -> None:
         self.mountpoint = Path(os.path.abspath(mountpoint))
         try:
@@ -32,6 +38,8 @@ class Client:
         except OSError:
             raise NotAnAvafsMount(f"{self.mountpoint} is not an avafs mount (or its daemon is "
                                   "gone)") from None
+        entry = mount_at(self.mountpoint)
+        self.root = entry.root.strip("/") if entry and entry.fstype == AVAFS_FSTYPE else ""
 
     @classmethod
     def for_path(cls, path: str | os.PathLike) -> Client:
@@ -40,24 +48,24 @@ class Client:
         if entry is None or entry.fstype != AVAFS_FSTYPE:
             raise NotAnAvafsMount(f"{os.path.abspath(path)} is not inside an avafs mount: mount "
                                   "the bucket with 'avafs mount' and use a path under it")
-        return cls(entry.mountpoint)
+        return cls(entry.mount_point)
 
     def relative(self, path: str | os.PathLike) -> str:
-        """A path inside the mount, relative to its root; relative input is taken as such."""
+        """A path relative to the mount's root directory; relative input is taken as relative
+        to this client's mountpoint."""
         candidate = Path(path)
-        if not candidate.is_absolute():
-            return candidate.as_posix()
-        absolute = Path(os.path.abspath(candidate))
-        if absolute != self.mountpoint and self.mountpoint not in absolute.parents:
-            raise AvafsError(f"{absolute} is not inside the mount {self.mountpoint}")
-        return absolute.relative_to(self.mountpoint).as_posix()
+        if candidate.is_absolute():
+            absolute = Path(os.path.abspath(candidate))
+            if absolute != self.mountpoint and self.mountpoint not in absolute.parents:
+                raise AvafsError(f"{absolute} is not inside the mount {self.mountpoint}")
+            candidate = absolute.relative_to(self.mountpoint)
+        return (Path(self.root) / candidate).as_posix() if self.root else candidate.as_posix()
 
     def _items(self, paths: Iterable[str | os.PathLike],
                manifest: str | os.PathLike | None = None) -> list[dict[str, str]]:
         items = [{"path": self.relative(path)} for path in paths]
         if manifest is not None:
-            for entry in read_manifest(Path(manifest)):
-                items.append({"path": entry["path"]} if "path" in entry else {"url": entry["url"]})
+            items.extend(entry.location() for entry in read_manifest(manifest))
         return items
 
     def _call(self, op: str, progress: Callable[[dict], None] | None = None,

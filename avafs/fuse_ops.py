@@ -161,12 +161,14 @@ class AvafsOperations(pyfuse3.Operations):
         return data
 
     async def getxattr(self, inode: int, name: bytes, ctx=None) -> bytes:
-        if inode == ROOT_INODE and name in self.xattrs:
+        """Every directory answers the daemon's xattrs, so a bind mount of a subdirectory (a
+        pod's subPath) still finds its control socket."""
+        if name in self.xattrs and self.namespace.node(inode).is_dir:
             return self.xattrs[name]
         raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
 
     async def listxattr(self, inode: int, ctx=None) -> list[bytes]:
-        return list(self.xattrs) if inode == ROOT_INODE else []
+        return list(self.xattrs) if self.namespace.node(inode).is_dir else []
 
     # --- directories -------------------------------------------------------------------------
 

@@ -7,76 +7,14 @@ makes them, and torn down even when a test fails.
 
 from __future__ import annotations
 
-import os
 import shutil
-import socket
 import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
-AVAFS = [sys.executable, "-m", "avafs"]
-TEST_CREDENTIALS = {
-    "AWS_ACCESS_KEY_ID": "testing-key-id",
-    "AWS_SECRET_ACCESS_KEY": "testing-secret-key",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for_port(port: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
-
-
-class S3Server:
-    """A moto standalone server; `requests()` reads the server's own access log."""
-
-    def __init__(self, log_path: Path) -> None:
-        self.port = free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self._log = open(log_path, "wb")  # noqa: SIM115 - lives as long as the server
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **TEST_CREDENTIALS},
-        )
-        wait_for_port(self.port)
-
-    def client(self):
-        import boto3
-
-        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
-                            aws_access_key_id=TEST_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                            aws_secret_access_key=TEST_CREDENTIALS["AWS_SECRET_ACCESS_KEY"])
-
-    def requests(self) -> list[str]:
-        """Request lines ("GET /bucket/key?..." ) the server has logged so far."""
-        self._log.flush()
-        lines = self.log_path.read_text(errors="replace").splitlines()
-        return [line.split('"')[1] for line in lines if line.count('"') >= 2 and "HTTP/1.1" in line]
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=10)
-        self._log.close()
+from support import AVAFS, TEST_CREDENTIALS, S3Server, unmount
 
 
 @pytest.fixture(scope="session")
@@ -99,20 +37,6 @@ def bucket(s3_server, s3_env) -> str:
     name = f"test-{uuid.uuid4().hex[:12]}"
     s3_server.client().create_bucket(Bucket=name)
     return name
-
-
-def is_mounted(path: Path) -> bool:
-    target = str(Path(path).resolve())
-    with open("/proc/self/mountinfo") as mountinfo:
-        return any(line.split()[4] == target for line in mountinfo)
-
-
-def unmount(path: Path) -> None:
-    if is_mounted(path):
-        subprocess.run(AVAFS + ["umount", "--no-flush", str(path)], capture_output=True,
-                       timeout=120)
-    if is_mounted(path):
-        subprocess.run(["fusermount3", "-u", "-z", str(path)], capture_output=True)
 
 
 @pytest.fixture
@@ -147,11 +71,6 @@ def local_bucket(tmp_path) -> Path:
     path = tmp_path / "bucket"
     path.mkdir()
     return path
-
-
-def run_avafs(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(AVAFS + list(args), capture_output=True, text=True, timeout=timeout,
-                          **kwargs)
 
 
 @pytest.fixture(scope="session", autouse=True)

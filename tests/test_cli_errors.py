@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import AVAFS, TEST_CREDENTIALS, S3Server, free_port, run_avafs
+from support import AVAFS, TEST_CREDENTIALS, S3Server, free_port, run_avafs
 
 from avafs.processes import wait_for_exit
 

@@ -10,9 +10,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import S3Server, run_avafs
 from datasets import payload, sha256
 from prometheus_client.parser import text_string_to_metric_families
+from support import S3Server, run_avafs
 
 from avafs.client import Client, NotAnAvafsMount
 
@@ -104,7 +104,7 @@ def test_bad_manifest_line_is_named(local_bucket, mount, tmp_path):
     manifest.write_text('{"path": "a"}\n\n{"path": oops}\n')
     result = run_avafs("warmup", "--manifest", str(manifest), "--mount", str(mnt))
     assert result.returncode == 1
-    assert f"manifest {manifest}, line 3: not valid JSON" in result.stderr
+    assert f"{manifest}:3: not valid JSON" in result.stderr
 
 
 def test_progress_lines_when_not_a_terminal(local_bucket, mount):
@@ -163,7 +163,7 @@ def test_status_json_counts_a_known_workload(s3_server, bucket, mount):
 
 
 def test_metrics_endpoint_matches_the_workload(local_bucket, mount, tmp_path):
-    from conftest import free_port
+    from support import free_port
 
     port = free_port()
     (local_bucket / "m.bin").write_bytes(payload(9, 2 * 2**20 + 5))

@@ -140,7 +140,7 @@ def test_disk_tier_is_reused_after_remount(s3_server, bucket, mount, tmp_path):
         assert (mnt / key).read_bytes() == value
     before = len(gets(s3_server, bucket))
     assert before == 5
-    from conftest import unmount
+    from support import unmount
 
     unmount(mnt)
     mnt = mount(f"s3://{bucket}", *args, mountpoint=mnt)

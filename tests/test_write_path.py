@@ -10,9 +10,9 @@ import threading
 import time
 
 import pytest
-from conftest import run_avafs, unmount
 from datasets import payload, sha256
 from fault_proxy import FaultProxy
+from support import run_avafs, unmount
 
 from avafs.client import Client
 from avafs.processes import wait_for_exit
