@@ -1,0 +1,98 @@
+"""`python -m csi_driver --endpoint unix:///csi/csi.sock --node-id NODE [--state-dir DIR]`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from . import DEFAULT_DRIVER_NAME
+from .server import DriverConfig, serve
+
+DRIVER_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]{0,61}[A-Za-z0-9])?$")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Bad flags end in one line on stderr, which is what a crash-looping pod's log shows."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _unix_socket(endpoint: str) -> Path:
+    match = re.fullmatch(r"unix://?(/.+)", endpoint)
+    if not match:
+        raise argparse.ArgumentTypeError(
+            f"expected unix:///absolute/path/csi.sock, got {endpoint!r}")
+    return Path(match.group(1))
+
+
+def _driver_name(name: str) -> str:
+    if not DRIVER_NAME.match(name):
+        raise argparse.ArgumentTypeError(
+            f"{name!r} is not a domain name of at most 63 characters")
+    return name
+
+
+def _non_negative(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number, 0 or more, got {text!r}")
+    return int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected seconds, 0 or more, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="avafs-csi", description="avafs CSI node plugin.")
+    parser.add_argument("--endpoint", required=True, type=_unix_socket,
+                        help="gRPC socket, unix:///path/csi.sock")
+    parser.add_argument("--node-id", required=True, help="this node's name (NodeGetInfo)")
+    parser.add_argument("--state-dir", type=Path, default=Path("/var/lib/avafs-csi"),
+                        help="records of staged and published volumes, and stage secrets "
+                             "(default /var/lib/avafs-csi)")
+    parser.add_argument("--cache-root", type=Path,
+                        help="parent of the volumes' cache dirs (default STATE_DIR/cache)")
+    parser.add_argument("--driver-name", type=_driver_name, default=DEFAULT_DRIVER_NAME,
+                        help=f"CSI driver name (default {DEFAULT_DRIVER_NAME})")
+    parser.add_argument("--max-volumes-per-node", type=_non_negative, default=0,
+                        help="reported to the scheduler; 0 means no limit (default 0)")
+    parser.add_argument("--repair-interval", type=_seconds, default=10.0,
+                        help="seconds between checks for dead mounts; 0 checks only at start "
+                             "(default 10)")
+    parser.add_argument("--allow-file-sources", action="store_true",
+                        help="accept file:// volume sources (directories of the plugin's "
+                             "container); off by default, as a volume could then expose the "
+                             "node's kubelet and state directories")
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
+                        default="info")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.node_id.strip():
+        build_parser().error("--node-id must not be empty")
+    logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve(DriverConfig(socket_path=args.endpoint, node_id=args.node_id,
+                       driver_name=args.driver_name, state_dir=args.state_dir,
+                       cache_root=args.cache_root or args.state_dir / "cache",
+                       max_volumes_per_node=args.max_volumes_per_node,
+                       repair_interval=args.repair_interval,
+                       allow_file_sources=args.allow_file_sources))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

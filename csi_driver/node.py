@@ -1,0 +1,139 @@
+"""The Node service: checks each request as the CSI specification says, then hands it on.
+
+Checks run in the order csi-sanity and the specification's error tables expect: missing
+required fields first (INVALID_ARGUMENT, naming the field), then what the fields say
+(unknown volume: NOT_FOUND; conflicting re-stage or re-publish: ALREADY_EXISTS).
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import failed_precondition, invalid_argument
+from .mounts import normalize
+from .proto import csi_pb2, csi_pb2_grpc
+from .rpc import csi_method
+from .volume_spec import parse_credentials, parse_volume_context
+from .volumes import VolumeManager
+
+AccessMode = csi_pb2.VolumeCapability.AccessMode
+READ_ONLY_MODES = {AccessMode.SINGLE_NODE_READER_ONLY, AccessMode.MULTI_NODE_READER_ONLY}
+NODE_CAPABILITIES = (
+    csi_pb2.NodeServiceCapability.RPC.STAGE_UNSTAGE_VOLUME,
+    csi_pb2.NodeServiceCapability.RPC.GET_VOLUME_STATS,
+    csi_pb2.NodeServiceCapability.RPC.VOLUME_CONDITION,
+)
+
+
+def _required(value: str, field: str) -> str:
+    if not value:
+        raise invalid_argument(f"{field} is required")
+    return value
+
+
+def _absolute_path(value: str, field: str) -> str:
+    _required(value, field)
+    if not os.path.isabs(value):
+        raise invalid_argument(f"{field} must be an absolute path, got {value!r}")
+    return normalize(value)
+
+
+def _check_capability(request) -> bool:
+    """Whether the capability asks for a read-only volume; refuses what avafs cannot serve."""
+    if not request.HasField("volume_capability"):
+        raise invalid_argument("volume_capability is required")
+    capability = request.volume_capability
+    if capability.access_mode.mode == AccessMode.UNKNOWN:
+        raise invalid_argument("volume_capability.access_mode is required")
+    access_type = capability.WhichOneof("access_type")
+    if access_type == "block":
+        raise invalid_argument("volume_capability.block is not supported: an avafs volume is a "
+                               "filesystem (use volumeMode: Filesystem)")
+    if access_type is None:
+        raise invalid_argument("volume_capability.mount is required")
+    if capability.mount.mount_flags:
+        raise invalid_argument("volume_capability.mount.mount_flags (PersistentVolume "
+                               "mountOptions) are not supported: set avafs options in "
+                               "volumeAttributes")
+    return capability.access_mode.mode in READ_ONLY_MODES
+
+
+class NodeService(csi_pb2_grpc.NodeServicer):
+    def __init__(self, volumes: VolumeManager, node_id: str, max_volumes_per_node: int,
+                 allow_file_sources: bool) -> None:
+        self._volumes = volumes
+        self._node_id = node_id
+        self._max_volumes_per_node = max_volumes_per_node
+        self._allow_file_sources = allow_file_sources
+
+    @csi_method
+    def NodeStageVolume(self, request: csi_pb2.NodeStageVolumeRequest
+                        ) -> csi_pb2.NodeStageVolumeResponse:
+        volume_id = _required(request.volume_id, "volume_id")
+        staging_path = _absolute_path(request.staging_target_path, "staging_target_path")
+        read_only = _check_capability(request)
+        spec, _ = parse_volume_context(request.volume_context, read_only)
+        if not self._allow_file_sources and any(url.startswith("file:") for url in spec.urls()):
+            raise invalid_argument("file:// sources are disabled on this node (they would serve "
+                                   "the plugin's own filesystem); start the plugin with "
+                                   "--allow-file-sources to enable them")
+        credentials = parse_credentials(request.secrets)
+        self._volumes.stage(volume_id, staging_path, spec, credentials)
+        return csi_pb2.NodeStageVolumeResponse()
+
+    @csi_method
+    def NodeUnstageVolume(self, request: csi_pb2.NodeUnstageVolumeRequest
+                          ) -> csi_pb2.NodeUnstageVolumeResponse:
+        volume_id = _required(request.volume_id, "volume_id")
+        staging_path = _absolute_path(request.staging_target_path, "staging_target_path")
+        self._volumes.unstage(volume_id, staging_path)
+        return csi_pb2.NodeUnstageVolumeResponse()
+
+    @csi_method
+    def NodePublishVolume(self, request: csi_pb2.NodePublishVolumeRequest
+                          ) -> csi_pb2.NodePublishVolumeResponse:
+        volume_id = _required(request.volume_id, "volume_id")
+        target_path = _absolute_path(request.target_path, "target_path")
+        _check_capability(request)
+        if not request.staging_target_path:
+            raise failed_precondition("staging_target_path is required: this plugin has the "
+                                      "STAGE_UNSTAGE_VOLUME capability")
+        staging_path = _absolute_path(request.staging_target_path, "staging_target_path")
+        sub_path = request.volume_context.get("subPath", "")
+        self._volumes.publish(volume_id, staging_path, target_path, sub_path,
+                              request.volume_context, request.readonly)
+        return csi_pb2.NodePublishVolumeResponse()
+
+    @csi_method
+    def NodeUnpublishVolume(self, request: csi_pb2.NodeUnpublishVolumeRequest
+                            ) -> csi_pb2.NodeUnpublishVolumeResponse:
+        volume_id = _required(request.volume_id, "volume_id")
+        target_path = _absolute_path(request.target_path, "target_path")
+        self._volumes.unpublish(volume_id, target_path)
+        return csi_pb2.NodeUnpublishVolumeResponse()
+
+    @csi_method
+    def NodeGetVolumeStats(self, request: csi_pb2.NodeGetVolumeStatsRequest
+                           ) -> csi_pb2.NodeGetVolumeStatsResponse:
+        volume_id = _required(request.volume_id, "volume_id")
+        volume_path = _required(request.volume_path, "volume_path")
+        stats = self._volumes.stats(volume_id, volume_path)
+        return csi_pb2.NodeGetVolumeStatsResponse(
+            usage=[csi_pb2.VolumeUsage(unit=csi_pb2.VolumeUsage.Unit.Value(usage.unit),
+                                       total=usage.total, available=usage.available,
+                                       used=usage.used)
+                   for usage in stats.usage],
+            volume_condition=csi_pb2.VolumeCondition(abnormal=stats.abnormal,
+                                                     message=stats.message))
+
+    @csi_method
+    def NodeGetCapabilities(self, request: csi_pb2.NodeGetCapabilitiesRequest
+                            ) -> csi_pb2.NodeGetCapabilitiesResponse:
+        return csi_pb2.NodeGetCapabilitiesResponse(capabilities=[
+            csi_pb2.NodeServiceCapability(rpc=csi_pb2.NodeServiceCapability.RPC(type=kind))
+            for kind in NODE_CAPABILITIES])
+
+    @csi_method
+    def NodeGetInfo(self, request: csi_pb2.NodeGetInfoRequest) -> csi_pb2.NodeGetInfoResponse:
+        return csi_pb2.NodeGetInfoResponse(node_id=self._node_id,
+                                           max_volumes_per_node=self._max_volumes_per_node)

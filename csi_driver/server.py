@@ -1,0 +1,92 @@
+"""The plugin process: a gRPC server on a Unix socket plus the repair loop.
+
+The socket is served at once, before any repair: kubelet and the sidecars see a live plugin
+(Probe answers, ready=false) while dead mounts are being rebuilt, instead of restarting a
+container that does not answer yet. RPCs for a volume under repair wait on its lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from .identity import IdentityService
+from .node import NodeService
+from .proto import csi_pb2_grpc
+from .state import StateDir
+from .volumes import VolumeManager
+
+log = logging.getLogger(__name__)
+
+WORKERS = 16
+"""Concurrent RPCs: one per volume being staged at once is plenty on a training node."""
+
+
+@dataclass(frozen=True)
+class DriverConfig:
+    socket_path: Path
+    node_id: str
+    driver_name: str
+    state_dir: Path
+    cache_root: Path
+    max_volumes_per_node: int
+    repair_interval: float
+    allow_file_sources: bool
+
+
+def _repair_loop(volumes: VolumeManager, ready: threading.Event, stop: threading.Event,
+                 interval: float) -> None:
+    """Reconcile once (then report ready), and again every `interval` seconds.
+
+    The periodic pass catches a daemon that dies while the driver lives (OOM kill, crash);
+    without it those pods would stay broken until the next driver restart.
+    """
+    while True:
+        try:
+            volumes.repair_all()
+        except Exception:
+            log.exception("repair pass failed")
+        if not ready.is_set():
+            ready.set()
+            log.info("reconciliation done: ready")
+        if interval <= 0 or stop.wait(interval):
+            return
+
+
+def serve(config: DriverConfig) -> None:
+    volumes = VolumeManager(StateDir(config.state_dir), config.cache_root)
+    ready, stop = threading.Event(), threading.Event()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="rpc"))
+    csi_pb2_grpc.add_IdentityServicer_to_server(
+        IdentityService(config.driver_name, ready), server)
+    csi_pb2_grpc.add_NodeServicer_to_server(
+        NodeService(volumes, config.node_id, config.max_volumes_per_node,
+                    config.allow_file_sources), server)
+    config.socket_path.parent.mkdir(parents=True, exist_ok=True)
+    config.socket_path.unlink(missing_ok=True)
+    server.add_insecure_port(f"unix://{config.socket_path}")
+    server.start()
+    os.chmod(config.socket_path, 0o600)
+    log.info("%s serving CSI on unix://%s for node %s", config.driver_name, config.socket_path,
+             config.node_id)
+
+    def shut_down(signum: int, _frame) -> None:
+        log.info("received %s: stopping; avafs daemons keep serving",
+                 signal.Signals(signum).name)
+        stop.set()
+        server.stop(grace=5)
+
+    signal.signal(signal.SIGTERM, shut_down)
+    signal.signal(signal.SIGINT, shut_down)
+    repairer = threading.Thread(target=_repair_loop, name="repair", daemon=True,
+                                args=(volumes, ready, stop, config.repair_interval))
+    repairer.start()
+    server.wait_for_termination()
+    stop.set()
