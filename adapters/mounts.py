@@ -1,0 +1,40 @@
+"""Finds the avafs mount under a dataset path, through `avafs.client`, the core's public face.
+
+`avafs.client` is imported only when a mount is actually needed, so datasets over plain local
+directories (`require_mount=False`) work without a daemon, and so importing the adapters never
+drags in the filesystem's own dependencies.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from avafs.client import Client
+
+
+def client_for(path: str | os.PathLike[str], *, require_mount: bool) -> Client | None:
+    """The client of the mount holding `path`, or None when allowed to be outside any mount."""
+    from avafs.client import Client, NotAnAvafsMount
+
+    try:
+        return Client.for_path(path)
+    except NotAnAvafsMount as error:
+        if require_mount:
+            raise NotAnAvafsMount(
+                f"{error} (pass require_mount=False to read a plain local directory)") from None
+        return None
+
+
+def manifest_root(manifest: str | os.PathLike[str],
+                  root: str | os.PathLike[str] | None) -> str | os.PathLike[str]:
+    """Manifest paths are relative to the mount root; by default, the mount holding the manifest."""
+    if root is not None:
+        return root
+    client = client_for(Path(manifest).absolute(), require_mount=False)
+    if client is None:
+        raise ValueError(f"{manifest} is not inside an avafs mount: pass root= (the directory its "
+                         "\"path\" entries are relative to)")
+    return client.mountpoint
