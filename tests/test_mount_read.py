@@ -213,9 +213,9 @@ def test_concurrent_readers_share_fetches(s3_server, bucket, mount):
     assert len(gets(s3_server, bucket)) == 8
 
 
-def test_writes_are_refused_with_erofs(source, mount):
+def test_read_only_mount_refuses_writes_with_erofs(source, mount):
     source.put("ro.txt", b"read only")
-    mnt = mount(source.url, *source.mount_args)
+    mnt = mount(source.url, *source.mount_args, "--read-only")
     for action in (lambda: os.open(mnt / "new.txt", os.O_WRONLY | os.O_CREAT),
                    lambda: os.open(mnt / "ro.txt", os.O_WRONLY | os.O_APPEND),
                    lambda: os.mkdir(mnt / "d"), lambda: os.unlink(mnt / "ro.txt")):

@@ -290,13 +290,6 @@ def test_full_disk_tier_applies_back_pressure(s3_server, bucket, s3_mount):
         assert store_bytes(s3_server, bucket, f"{i}.bin") == payload(i, MiB)
 
 
-def test_read_only_mount_refuses_writes(local_bucket, mount):
-    mnt = mount(local_bucket.as_uri(), "--read-only")
-    with pytest.raises(OSError) as error:
-        (mnt / "x").write_bytes(b"x")
-    assert error.value.errno == errno.EROFS
-
-
 def test_local_bucket_round_trip(local_bucket, mount):
     mnt = mount(local_bucket.as_uri(), "--writeback-delay", "0")
     (mnt / "dir").mkdir()
