@@ -20,7 +20,7 @@ from pathlib import Path
 from rocksdict import Options, Rdict, WriteBatch
 
 from .blocks import BlockId
-from .lru import CappedLRU
+from .lru import CappedLRU, TierAccounting
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def allocated(size: int) -> int:
     return -(-size // _ALLOCATION_UNIT) * _ALLOCATION_UNIT
 
 
-class DiskTier:
+class DiskTier(TierAccounting):
     name = "disk"
 
     def __init__(self, root: Path, capacity: int, capacity_files: int, high: float,
@@ -94,25 +94,6 @@ class DiskTier:
             victims = self._lru.victims_over_capacity()
         self._remove(victims)
 
-    @property
-    def used(self) -> int:
-        return self._lru.used_bytes
-
-    @property
-    def capacity_files(self) -> int:
-        return self._lru.capacity_entries
-
-    @property
-    def high_watermark(self) -> float:
-        return self._lru.high_watermark
-
-    @property
-    def low_watermark(self) -> float:
-        return self._lru.low_watermark
-
-    def __len__(self) -> int:
-        return len(self._lru)
-
     def __contains__(self, block: BlockId) -> bool:
         return block in self._records
 
@@ -164,9 +145,6 @@ class DiskTier:
             self._lru.unpin(block)
             self._records[block] = (len(data), crc)
             self._index[block.encode().encode()] = _RECORD.pack(len(data), crc, 0)
-
-    def above_high_watermark(self) -> bool:
-        return self._lru.above_high_watermark()
 
     def evict_to_low_watermark(self) -> int:
         with self._lock:

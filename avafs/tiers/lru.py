@@ -87,3 +87,31 @@ class CappedLRU:
             excess_bytes -= size
             excess_entries -= 1
         return victims
+
+
+class TierAccounting:
+    """What every tier reports about its size and watermarks, read off its CappedLRU."""
+
+    _lru: CappedLRU
+
+    @property
+    def used(self) -> int:
+        return self._lru.used_bytes
+
+    @property
+    def capacity_files(self) -> int:
+        return self._lru.capacity_entries
+
+    @property
+    def high_watermark(self) -> float:
+        return self._lru.high_watermark
+
+    @property
+    def low_watermark(self) -> float:
+        return self._lru.low_watermark
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def above_high_watermark(self) -> bool:
+        return self._lru.above_high_watermark()

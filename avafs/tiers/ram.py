@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 
 from .blocks import BlockId
-from .lru import CappedLRU
+from .lru import CappedLRU, TierAccounting
 
 
-class RamTier:
+class RamTier(TierAccounting):
     name = "ram"
 
     def __init__(self, capacity: int, capacity_blocks: int, high: float, low: float) -> None:
@@ -19,25 +19,6 @@ class RamTier:
     @property
     def capacity(self) -> int:
         return self._lru.capacity_bytes
-
-    @property
-    def used(self) -> int:
-        return self._lru.used_bytes
-
-    @property
-    def capacity_files(self) -> int:
-        return self._lru.capacity_entries
-
-    @property
-    def high_watermark(self) -> float:
-        return self._lru.high_watermark
-
-    @property
-    def low_watermark(self) -> float:
-        return self._lru.low_watermark
-
-    def __len__(self) -> int:
-        return len(self._lru)
 
     def __contains__(self, block: BlockId) -> bool:
         return block in self._blocks
@@ -58,9 +39,6 @@ class RamTier:
             self._blocks[block] = data
             self._lru.add(block, len(data))
             return evicted
-
-    def above_high_watermark(self) -> bool:
-        return self._lru.above_high_watermark()
 
     def evict_to_low_watermark(self) -> list[tuple[BlockId, bytes]]:
         with self._lock:
