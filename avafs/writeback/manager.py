@@ -18,7 +18,7 @@ import os
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
@@ -57,6 +57,8 @@ class WriteBack:
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
         self._pending: dict[tuple[str, str], Pending] = {}
+        self._order: OrderedDict[tuple[str, str], None] = OrderedDict()
+        """Pending keys, least recently changed first: the order uploads become due in."""
         self._by_dir: dict[tuple[str, str], set[str]] = {}
         self._file_refs: Counter[str] = Counter()
         self.dirty_bytes = 0
@@ -95,15 +97,22 @@ class WriteBack:
         if entry.file:
             self._file_refs[entry.file] += 1
         old = self._pending.get(entry.slot)
-        if old is not None and old.file:
-            self._release_file(old.file)
+        if old is not None:
+            self._forget_size(old)
+            if old.file:
+                self._release_file(old.file)
         self._pending[entry.slot] = entry
+        self._order[entry.slot] = None
+        self._order.move_to_end(entry.slot)
+        self.dirty_bytes += self._dirty_size(entry)
         self._by_dir.setdefault((entry.source, parent_prefix(entry.key)), set()).add(entry.key)
 
     def _unindex(self, entry: Pending) -> None:
         if self._pending.get(entry.slot) is not entry:
             return
         del self._pending[entry.slot]
+        del self._order[entry.slot]
+        self._forget_size(entry)
         keys = self._by_dir.get((entry.source, parent_prefix(entry.key)))
         if keys is not None:
             keys.discard(entry.key)
@@ -118,9 +127,26 @@ class WriteBack:
             del self._file_refs[name]
             (self.data_dir / name).unlink(missing_ok=True)
 
+    @staticmethod
+    def _dirty_size(entry: Pending) -> int:
+        return allocated(entry.size) if entry.kind == DATA else 0
+
+    def _forget_size(self, entry: Pending) -> None:
+        self.dirty_bytes -= self._dirty_size(entry)
+
+    def _resize(self, entry: Pending, size: int) -> None:
+        self._forget_size(entry)
+        entry.size = size
+        self.dirty_bytes += self._dirty_size(entry)
+
+    def _touch(self, entry: Pending) -> None:
+        """A change restarts the entry's write-back delay: it moves to the back of the order."""
+        entry.changed_at = time.monotonic()
+        if self._pending.get(entry.slot) is entry:
+            self._order.move_to_end(entry.slot)
+
     def _account(self) -> None:
-        self.dirty_bytes = sum(allocated(entry.size) for entry in self._pending.values()
-                               if entry.kind == DATA)
+        """Publish dirty usage: reserve it from the disk tier and update the gauges."""
         self.disk.reserve(self.dirty_bytes)
         self.metrics.dirty_bytes.set(self.dirty_bytes)
         self.metrics.upload_queue.set(len(self._pending))
@@ -165,7 +191,7 @@ class WriteBack:
             current = self._pending.get((source, key))
             if current is not None and current.kind == DATA and current.file:
                 current.writers += 1
-                current.changed_at = time.monotonic()
+                self._touch(current)
                 return current
         name = uuid.uuid4().hex
         path = self.data_dir / name
@@ -187,19 +213,19 @@ class WriteBack:
         with self.lock:
             entry.generation += 1
             entry.durable = False
-            entry.changed_at = time.monotonic()
             entry.mtime = time.time()
+            self._touch(entry)
             if end > entry.size:
-                entry.size = end
+                self._resize(entry, end)
                 self._account()
 
     def truncated(self, entry: Pending, size: int) -> None:
         with self.lock:
             entry.generation += 1
             entry.durable = False
-            entry.size = size
             entry.mtime = time.time()
-            entry.changed_at = time.monotonic()
+            self._touch(entry)
+            self._resize(entry, size)
             self._account()
 
     def over_dirty_limit(self) -> bool:
@@ -222,7 +248,7 @@ class WriteBack:
                 return
             self.journal.save([entry])
             entry.durable = True
-            entry.changed_at = time.monotonic()
+            self._touch(entry)
             entry.awaited = self.sync_uploads
             self.changed.notify_all()
         if self.sync_uploads:
@@ -231,7 +257,7 @@ class WriteBack:
     def release_writer(self, entry: Pending) -> None:
         with self.lock:
             entry.writers = max(0, entry.writers - 1)
-            entry.changed_at = time.monotonic()
+            self._touch(entry)
             self.changed.notify_all()
 
     # --- namespace changes ---------------------------------------------------------------------
@@ -299,21 +325,26 @@ class WriteBack:
 
     # --- upload bookkeeping, for the uploader ----------------------------------------------------
 
-    def ready(self, now: float) -> list[Pending]:
-        """Entries the uploader may start now, oldest first."""
+    def next_ready(self, now: float) -> Pending | None:
+        """The entry the uploader should start now, if any.
+
+        Entries are visited least recently changed first, so the scan stops at the first one
+        still inside its write-back delay: every later one is too. The cost is the number of
+        entries skipped for other reasons (open, backing off, waiting for another key), not
+        the number pending, which matters with tens of thousands of small files queued."""
+        hurry = self.eager or self.sync_uploads or self.over_dirty_limit()
         with self.lock:
-            found = []
-            for entry in self._pending.values():
+            for slot in self._order:
+                entry = self._pending[slot]
+                if not hurry and not entry.awaited and now - entry.changed_at < self.delay:
+                    return None
                 if entry.uploading or not entry.durable or entry.next_attempt > now or \
                         (entry.writers and not entry.awaited):
                     continue
-                if not self.eager and not self.sync_uploads and \
-                        now - entry.changed_at < self.delay and not self.over_dirty_limit():
-                    continue
                 if any((entry.source, other) in self._pending for other in entry.wait_for):
                     continue
-                found.append(entry)
-            return sorted(found, key=lambda entry: entry.seq)
+                return entry
+            return None
 
     def settled(self, entry: Pending, generation: int, info: ObjectInfo | None) -> bool:
         """Record that the store has `entry` as of `generation`; False if it changed since."""

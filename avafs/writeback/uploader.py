@@ -70,9 +70,8 @@ class Uploader:
         writeback = self.writeback
         with writeback.lock:
             while not self._stopping:
-                ready = writeback.ready(time.monotonic())
-                if ready:
-                    entry = ready[0]
+                entry = writeback.next_ready(time.monotonic())
+                if entry is not None:
                     entry.uploading = True
                     return entry
                 writeback.changed.wait(0.2)
