@@ -35,6 +35,7 @@ _KERNEL_TIMEOUT_CAP = 365 * 86400.0
 _XATTR_PREFIX = b"user.avafs."
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 _ENOSPC_AFTER = 30.0
+_MAX_READ_AHEAD_WINDOW = 64
 
 
 @dataclass(slots=True)
@@ -48,6 +49,10 @@ class OpenFile:
     writable: bool = False
     next_block: int = 0
     """Block a sequential reader will ask for next; a read that starts there is sequential."""
+    frontier: int = 0
+    """Blocks before this one are cached or being fetched for this reader."""
+    window: int = 0
+    """Blocks the next read-ahead stream asks for; doubles while the reader stays sequential."""
 
 
 @dataclass(slots=True)
@@ -269,20 +274,30 @@ class AvafsOperations(pyfuse3.Operations):
         if handle.ref is None:
             return os.pread(handle.fd, size, off)
         ref = handle.ref
+        self._read_ahead(handle, off, size)
         data = self.stack.read_from_ram(ref, off, size)
         if data is None:
             data = await self._blocking(self.stack.read, ref, off, size)
-        self._read_ahead(handle, off, size)
         return data
 
     def _read_ahead(self, handle: OpenFile, off: int, size: int) -> None:
+        """Sequential readers get streams of blocks ahead of them, started before the read
+        that needs the first of them, so even a file's first block comes with its successors
+        in one request. Random readers fetch only the blocks they touch."""
         span = block_span(off, size, handle.ref.size, self.stack.block_size)
         if not span:
             return
         sequential = span.start in (handle.next_block - 1, handle.next_block)
-        if sequential and span.stop > handle.next_block and self.options.read_ahead:
-            self.stack.prefetch(handle.ref, span.stop, self.options.read_ahead)
         handle.next_block = span.stop
+        read_ahead = self.options.read_ahead
+        if not sequential or not read_ahead or handle.frontier - span.stop >= read_ahead:
+            return
+        first = max(handle.frontier, span.start)
+        window = handle.window or read_ahead
+        frontier = self.stack.stream(handle.ref, first, window)
+        if frontier > first:
+            handle.window = min(window * 2, _MAX_READ_AHEAD_WINDOW)
+        handle.frontier = max(handle.frontier, frontier)
 
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         handle = self._open[fh]

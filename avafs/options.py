@@ -124,8 +124,9 @@ MOUNT_OPTIONS: tuple[OptionSpec, ...] = (
                "usage fraction of a tier that starts background eviction (default 0.90)", metavar="F"),
     OptionSpec("low_watermark", _fraction, 0.75,
                "usage fraction background eviction stops at (default 0.75)", metavar="F"),
-    OptionSpec("read_ahead", _count, 4,
-               "blocks prefetched ahead of a sequential reader (default 4; 0 disables)", metavar="N"),
+    OptionSpec("read_ahead", _count, 8,
+               "blocks streamed ahead of a sequential reader; the window doubles while it stays "
+               "sequential (default 8; 0 disables)", metavar="N"),
     OptionSpec("inflight_memory", _positive_size, 256 * 2**20,
                "bound on memory held by fetches in flight, read-ahead included (default 256MiB)",
                metavar="SIZE"),

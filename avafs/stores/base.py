@@ -7,6 +7,7 @@ Methods block; callers run them in worker threads.
 
 from __future__ import annotations
 
+import io
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -51,6 +52,11 @@ class ObjectStore(ABC):
 
         Raises ObjectChangedError if the object is no longer that version.
         """
+
+    def open_range(self, key: str, start: int, length: int, etag: str) -> BinaryIO:
+        """A stream of `length` bytes from `start` of version `etag`, for sequential readers:
+        one request for many blocks. Backends that can stream override this."""
+        return io.BytesIO(self.get_range(key, start, length, etag))
 
     @abstractmethod
     def put(self, key: str, body: BinaryIO, size: int) -> ObjectInfo:

@@ -41,6 +41,9 @@ class InstrumentedStore(ObjectStore):
     def get_range(self, key: str, start: int, length: int, etag: str) -> bytes:
         return self._timed("get", lambda: self.inner.get_range(key, start, length, etag))
 
+    def open_range(self, key: str, start: int, length: int, etag: str) -> BinaryIO:
+        return self._timed("get", lambda: self.inner.open_range(key, start, length, etag))
+
     def put(self, key: str, body: BinaryIO, size: int) -> ObjectInfo:
         return self._timed("put", lambda: self.inner.put(key, body, size))
 

@@ -77,6 +77,17 @@ class LocalStore(ObjectStore):
         except OSError as error:
             raise StoreError(f"cannot read {self._path(key)}: {error.strerror}") from None
 
+    def open_range(self, key: str, start: int, length: int, etag: str) -> BinaryIO:
+        try:
+            file = open(self._path(key), "rb")  # noqa: SIM115 - the caller closes the stream
+        except FileNotFoundError:
+            raise ObjectChangedError(f"{self.url}/{key} was deleted while being read") from None
+        if _etag(os.fstat(file.fileno())) != etag:
+            file.close()
+            raise ObjectChangedError(f"{self.url}/{key} changed while being read")
+        file.seek(start)
+        return file
+
     def put(self, key: str, body: BinaryIO, size: int) -> ObjectInfo:
         path = self._path(key)
         if key.endswith("/"):

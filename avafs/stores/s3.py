@@ -158,6 +158,22 @@ class S3Store(ObjectStore):
                 time.sleep(min(0.1 * 2**attempt, 5.0))
         raise AssertionError("unreachable")
 
+    def open_range(self, key: str, start: int, length: int, etag: str) -> BinaryIO:
+        """One GET whose body is read as it arrives (a dropped stream is the caller's to
+        recover: it refetches the blocks it did not get with get_range, which retries)."""
+        try:
+            reply = self._client.get_object(
+                Bucket=self.bucket, Key=self.prefix + key, IfMatch=f'"{etag}"',
+                Range=f"bytes={start}-{start + length - 1}")
+        except botocore.exceptions.ClientError as error:
+            if _code(error) in ("PreconditionFailed", "412", "NoSuchKey", "404"):
+                raise ObjectChangedError(
+                    f"{self.url}{key} changed or vanished while being read") from None
+            raise StoreError(self._describe(error)) from None
+        except botocore.exceptions.BotoCoreError as error:
+            raise StoreError(self._describe(error)) from None
+        return reply["Body"]
+
     def put(self, key: str, body: BinaryIO, size: int) -> ObjectInfo:
         """Single PUT below 64 MiB, multipart above; both are atomic for readers in S3."""
         try:

@@ -1,7 +1,7 @@
 """TierStack: RAM tier -> disk tier -> store, for reads of byte ranges of object versions.
 
-Every block load goes through one path (`_start_load`), whether a reader waits for it or
-read-ahead asked for it, so concurrent readers of a block share one GET, and the global
+Every block being loaded has one future in `_loading`, whether a reader, a warmup or a
+read-ahead stream started it, so concurrent readers of a block share one GET, and the global
 in-flight budget (`--inflight-memory`) bounds every fetch, read-ahead included (Mountpoint's
 prefetcher is known to OOM). The disk write of a fetched block happens after waiting readers
 have their data, so it never adds to read latency.
@@ -9,6 +9,7 @@ have their data, so it never adds to read latency.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -91,24 +92,89 @@ class TierStack:
         resolved = [part if isinstance(part, bytes) else part.result() for part in parts]
         return self._slice(resolved, offset, size, ref)
 
-    def prefetch(self, ref: ObjectRef, first: int, count: int) -> int:
-        """Start loading up to `count` blocks from `first` while budget allows; never blocks."""
-        started = 0
-        for index in range(first, min(first + count, self.block_count(ref))):
-            block = ref.block(index)
-            if block in self.ram:
-                continue
-            if self._block_future(ref, index, wait_for_slot=False) is None:
-                break
-            started += 1
-        return started
-
     def _slice(self, parts: list[bytes], offset: int, size: int, ref: ObjectRef) -> bytes:
         start = offset - (offset // self.block_size) * self.block_size
         end = start + min(size, ref.size - offset)
         if len(parts) == 1:
             return parts[0][start:end]
         return b"".join(parts)[start:end]
+
+    def stream(self, ref: ObjectRef, first: int, count: int) -> int:
+        """Start one streaming GET for the blocks of [first, first+count) not yet cached or
+        loading; never blocks. Returns the index up to which blocks are now cached or loading
+        (the caller's read-ahead frontier), which stays at the first missing block if no fetch
+        slot is free.
+
+        Why one request: a sequential reader needs every block anyway, and one ranged GET
+        avoids a request's latency (and price) per block; some servers also pay per request
+        in proportion to the object's size (moto copies the whole object for every range)."""
+        last = min(first + count, self.block_count(ref))
+        index = first
+        while index < last and self._present(ref.block(index)):
+            index += 1
+        if index == last or not self._slots.acquire(blocking=False):
+            return index
+        run: list[tuple[BlockId, Future[bytes]]] = []
+        with self._lock:
+            while index < last and not self._present(block := ref.block(index)):
+                future: Future[bytes] = Future()
+                self._loading[block] = future
+                run.append((block, future))
+                index += 1
+        if not run:
+            self._slots.release()
+            return index
+        self._executor.submit(self._stream, ref, run)
+        return index
+
+    def _present(self, block: BlockId) -> bool:
+        return block in self.ram or block in self._loading or block in self.disk
+
+    def _stream(self, ref: ObjectRef, run: list[tuple[BlockId, Future[bytes]]]) -> None:
+        start = run[0][0].index * self.block_size
+        end = min((run[-1][0].index + 1) * self.block_size, ref.size)
+        delivered = 0
+        try:
+            with contextlib.closing(ref.store.open_range(ref.key, start, end - start,
+                                                         ref.etag)) as body:
+                for block, future in run:
+                    data = _read_exactly(body, min(self.block_size,
+                                                   ref.size - block.index * self.block_size))
+                    self._fetched(block, future, data)
+                    delivered += 1
+        except Exception as error:  # noqa: BLE001 - the rest is fetched block by block
+            if delivered < len(run):
+                log.warning("streaming %s failed after %d of %d blocks (%s); fetching the rest "
+                            "block by block", ref.key, delivered, len(run), error)
+            for block, future in run[delivered:]:
+                try:
+                    start = block.index * self.block_size
+                    data = ref.store.get_range(ref.key, start,
+                                               min(self.block_size, ref.size - start), ref.etag)
+                except Exception as problem:  # noqa: BLE001 - delivered to waiting readers
+                    future.set_exception(problem)
+                    self._done_loading(block)
+                    continue
+                self._fetched(block, future, data)
+        finally:
+            self._slots.release()
+
+    def _fetched(self, block: BlockId, future: Future[bytes], data: bytes,
+                 to_ram: bool = True) -> None:
+        """A block arrived from the store: readers first, then the disk tier."""
+        self.metrics.misses.inc()
+        self.metrics.bytes_served.labels("store").inc(len(data))
+        if to_ram:
+            self._admit_to_ram(block, data)
+        future.set_result(data)
+        self.disk.put(block, data)
+        # Only now, when a tier can serve it, may the block stop being findable as loading.
+        self._done_loading(block)
+        self._note_usage()
+
+    def _done_loading(self, block: BlockId) -> None:
+        with self._lock:
+            self._loading.pop(block, None)
 
     def is_cached(self, ref: ObjectRef, index: int, tier: str) -> bool:
         """Whether a block is already in `tier` ("ram", or "disk", where RAM counts too)."""
@@ -164,13 +230,7 @@ class TierStack:
             start = block.index * self.block_size
             data = ref.store.get_range(ref.key, start, min(self.block_size, ref.size - start),
                                        ref.etag)
-            self.metrics.misses.inc()
-            self.metrics.bytes_served.labels("store").inc(len(data))
-            if to_ram:
-                self._admit_to_ram(block, data)
-            future.set_result(data)
-            self.disk.put(block, data)
-            self._note_usage()
+            self._fetched(block, future, data, to_ram)
         except BaseException as error:  # noqa: BLE001 - delivered to every waiting reader
             if not future.done():
                 future.set_exception(error)
@@ -219,3 +279,15 @@ class TierStack:
         disk = [block for block in self.disk.blocks()
                 if block.source == source and block.key == key]
         return self.ram.discard(ram) + self.disk.discard(disk)
+
+
+def _read_exactly(body, length: int) -> bytes:
+    parts = []
+    remaining = length
+    while remaining:
+        chunk = body.read(remaining)
+        if not chunk:
+            raise EOFError(f"stream ended {remaining} bytes early")
+        parts.append(chunk)
+        remaining -= len(chunk)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
