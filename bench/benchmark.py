@@ -1,0 +1,258 @@
+"""avafs against local disk, a direct boto3 download/upload, rclone mount and s3fs-fuse.
+
+One command starts moto's S3 server on loopback, creates the dataset on local disk and in a
+bucket, and measures every system in the same run, round after round, so the ratios it
+prints compare figures taken side by side on the same (shared, noisy) machine. It prints a
+table of medians, ratios to local disk and to the best peer, and the verdict on each target
+of issue 5, and writes the same as JSON. BENCHMARKS.md explains the method and the results.
+
+    python3 bench/benchmark.py                      # the full run (about 10-15 minutes)
+    python3 bench/benchmark.py --smoke --json out.json   # CI: tiny, seconds, no verdicts
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import os
+import platform
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+
+import s3server  # noqa: E402
+from common import MiB, make_dataset, write_local  # noqa: E402
+from mounts import AvafsMount, RcloneMount, S3fsMount, unmount_everything  # noqa: E402
+from profiling import Profiler  # noqa: E402
+from report import PEERS, Results, format_cpu_table, format_table, summarize, write_json  # noqa: E402
+from runner import FuseRound, Setup, run_direct, run_local  # noqa: E402
+from workloads import WritePlan, tree_names, write_tree  # noqa: E402
+
+import avafs  # noqa: E402
+from avafs.sizes import parse_size  # noqa: E402
+
+FULL = {"rounds": 2, "large": 4, "large_size": 64 * MiB, "small": 1000,
+        "small_size": 100 * 1024, "tree": 20_000, "write_size": 2**30, "small_writes": 10_000,
+        "flush_timeout": 300.0}
+SMOKE = {"rounds": 1, "large": 2, "large_size": 4 * MiB, "small": 50,
+         "small_size": 100 * 1024, "tree": 200, "write_size": 8 * MiB, "small_writes": 50,
+         "flush_timeout": 30.0}
+PEER_MOUNTS = {"rclone": RcloneMount, "s3fs": S3fsMount}
+PEER_PACKAGES = {"rclone": "rclone", "s3fs": "s3fs"}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    size = parse_size
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny dataset, one round (CI); sizes not given take smoke values")
+    parser.add_argument("--rounds", type=int, help="rounds; medians are reported (default 2)")
+    parser.add_argument("--large", type=int, help="large files (default 4)")
+    parser.add_argument("--large-size", type=size, help="size of a large file (default 64MiB)")
+    parser.add_argument("--small", type=int, help="small files (default 1000)")
+    parser.add_argument("--small-size", type=size,
+                        help="size of a small file, read and written (default 100KiB)")
+    parser.add_argument("--tree", type=int, help="files in the find/stat tree (default 20000)")
+    parser.add_argument("--write-size", type=size,
+                        help="the large file written sequentially (default 1GiB)")
+    parser.add_argument("--small-writes", type=int, help="small files written (default 10000)")
+    parser.add_argument("--peers", default=",".join(PEERS),
+                        help="comma-separated peers to compare, from rclone,s3fs (default both; "
+                             "'' for none); a peer that is not installed is skipped")
+    parser.add_argument("--install-peers", action="store_true",
+                        help="apt-get install the peers that are missing")
+    parser.add_argument("--peer-writes", action="store_true",
+                        help="also time the write workloads on the peers (adds minutes)")
+    parser.add_argument("--flush-timeout", type=float, metavar="SECONDS",
+                        help="a write not durable this long after it ends counts as failed "
+                             "(default 300; avafs retries uploads forever by design)")
+    parser.add_argument("--ram-cache", type=size, default=2**30,
+                        help="avafs --ram-cache (default 1GiB, avafs's own default)")
+    parser.add_argument("--disk-cache", type=size, default=10 * 2**30,
+                        help="avafs --disk-cache (default 10GiB)")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="py-spy the avafs daemon during each workload; summaries in DIR")
+    parser.add_argument("--workdir", type=Path,
+                        help="where data, caches and mounts go (default: a new temporary dir)")
+    args = parser.parse_args(argv)
+    for name, default in (SMOKE if args.smoke else FULL).items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    return args
+
+
+def pick_peers(requested: str, install: bool) -> tuple[list[str], dict[str, str]]:
+    """The peers to run, and for each requested one its version or why it is skipped."""
+    names = [name for name in requested.split(",") if name]
+    unknown = set(names) - set(PEERS)
+    if unknown:
+        raise SystemExit(f"unknown peer(s) {', '.join(sorted(unknown))}: use rclone,s3fs")
+    missing = [name for name in names if shutil.which(name) is None]
+    if missing and install:
+        subprocess.run(["apt-get", "update", "-qq"], check=True)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends",
+                        *(PEER_PACKAGES[name] for name in missing)], check=True,
+                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    available, versions = [], {}
+    for name in names:
+        if shutil.which(name) is None:
+            versions[name] = "skipped: not installed (use --install-peers)"
+            continue
+        available.append(name)
+        versions[name] = _first_line([name, "version" if name == "rclone" else "--version"])
+    return available, versions
+
+
+def _first_line(command: list[str]) -> str:
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    return (result.stdout or result.stderr).strip().splitlines()[0] if result.stdout \
+        or result.stderr else "unknown"
+
+
+def source_state() -> dict[str, object]:
+    """Which avafs was measured: the commit, whether avafs/ had local changes, and a hash of
+    its sources (compared at the end: a tree edited during the run mixes two versions)."""
+    repo = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in sorted((repo / "avafs").rglob("*.py")):
+        digest.update(path.relative_to(repo).as_posix().encode() + b"\0" + path.read_bytes())
+
+    def git(*args: str) -> str:
+        result = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                                check=False)
+        return result.stdout.strip() if result.returncode == 0 else "unknown"
+
+    return {"commit": git("rev-parse", "--short", "HEAD"),
+            "avafs_locally_modified": bool(git("status", "--porcelain", "--", "avafs")),
+            "avafs_sources_sha256": digest.hexdigest()[:16]}
+
+
+def machine() -> dict[str, object]:
+    model = "unknown"
+    with open("/proc/cpuinfo") as cpuinfo:
+        for line in cpuinfo:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {"cpus": os.cpu_count(), "cpu_model": model, "kernel": platform.release(),
+            "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+            "python": platform.python_version()}
+
+
+def prepare(args: argparse.Namespace, workdir: Path, server: s3server.MotoServer,
+            results: Results, profiler: Profiler) -> Setup:
+    """The dataset on local disk (the local baseline reads these files) and in the bucket."""
+    dataset = make_dataset(args.large, args.large_size, args.small, args.small_size)
+    local_root = workdir / "data"
+    write_local(local_root, dataset)
+    tree = tree_names(args.tree)
+    write_tree(local_root, tree)
+    plan = WritePlan.make(args.write_size, args.small_writes, args.small_size)
+    write_source = workdir / "write-source.bin"
+    plan.write_source(write_source)
+    client = server.client()
+    client.create_bucket(Bucket=s3server.BUCKET)
+    s3server.upload_files(client, local_root, dataset.large + dataset.small)
+    s3server.put_empty(client, tree)
+    return Setup(workdir, local_root, dataset, args.tree, plan, write_source, client, results,
+                 profiler, args.peer_writes, args.flush_timeout)
+
+
+def run_rounds(args: argparse.Namespace, setup: Setup, server: s3server.MotoServer,
+               peers: list[str]) -> None:
+    mounts = [AvafsMount(server, setup.workdir / "mnt-avafs", args.ram_cache, args.disk_cache)]
+    mounts += [PEER_MOUNTS[name](server, setup.workdir / f"mnt-{name}") for name in peers]
+    for number in range(1, args.rounds + 1):
+        started = time.monotonic()
+        run_local(setup, number)
+        run_direct(setup, number)
+        for mount in mounts:
+            FuseRound(setup, mount, number).run()
+        print(f"round {number}/{args.rounds} done in {time.monotonic() - started:.0f}s",
+              file=sys.stderr, flush=True)
+
+
+def document(args: argparse.Namespace, results: Results, versions: dict[str, str],
+             elapsed: float, profiler: Profiler, source: dict[str, object]) -> dict[str, object]:
+    return {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": shlex.join(["python3", "bench/benchmark.py", *sys.argv[1:]]),
+        "smoke": args.smoke,
+        "elapsed_seconds": round(elapsed, 1),
+        "machine": machine(),
+        "versions": {"avafs": avafs.__version__, **versions},
+        "source": source,
+        "parameters": {name: getattr(args, name) for name in FULL}
+        | {"ram_cache": args.ram_cache, "disk_cache": args.disk_cache,
+           "peer_writes": args.peer_writes},
+        "workloads": summarize(results, args.ram_cache),
+        "profiles": profiler.summaries,
+    }
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so the `finally` below unmounts and stops the server."""
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    _stop_on_sigterm()
+    peers, versions = pick_peers(args.peers, args.install_peers)
+    os.environ.update(s3server.CREDENTIALS)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="avafs-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    profiler = Profiler(args.profile)
+    results = Results()
+    source = source_state()
+    started = time.monotonic()
+    server = s3server.MotoServer(workdir / "moto.log")
+    try:
+        setup = prepare(args, workdir, server, results, profiler)
+        print(f"dataset ready in {time.monotonic() - started:.0f}s; peers: "
+              f"{', '.join(peers) or 'none'}", file=sys.stderr, flush=True)
+        run_rounds(args, setup, server, peers)
+    finally:
+        unmount_everything()
+        server.stop()
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    source["changed_during_run"] = \
+        source_state()["avafs_sources_sha256"] != source["avafs_sources_sha256"]
+    report = document(args, results, versions, time.monotonic() - started, profiler, source)
+    print(format_table(report["workloads"]))
+    print()
+    print(format_cpu_table(report["workloads"]))
+    for name, version in versions.items():
+        print(f"{name}: {version}")
+    if args.profile:
+        print("\n".join(profiler.summaries.values()))
+        print("(profiled run: the daemon was sampled, timings are perturbed)")
+    print(f"avafs {source['commit']}{' + local changes' if source['avafs_locally_modified'] else ''}"
+          f" (sources {source['avafs_sources_sha256']})")
+    if source["changed_during_run"]:
+        print("WARNING: avafs/ changed during the run: rounds measured different code")
+    if args.smoke:
+        print("(smoke run: tiny data and one round; the verdicts mean nothing here)")
+    print(f"{report['date']}  {report['command']}  {report['elapsed_seconds']}s")
+    if args.json:
+        write_json(args.json, report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

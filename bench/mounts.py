@@ -1,0 +1,369 @@
+"""The FUSE file systems under test, mounted and unmounted the way their users do it.
+
+Each mount knows its daemon's pid, so the benchmark can read its peak RSS just before
+unmounting, and `unmount` waits until that process has exited, so a remount with the same
+cache dir never races the previous daemon writing its index. Every mount is also recorded in
+`ACTIVE`, and `unmount_everything` (called from a `finally`) lazily detaches whatever is
+still there after a failure or Ctrl-C and stops the daemon it started, by its pid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+
+from s3server import BUCKET, CREDENTIALS, MotoServer, free_port
+
+ACTIVE: list[Mount] = []
+_MOUNT_TIMEOUT = 60.0
+_EXIT_TIMEOUT = 120.0
+_ABORT_WAIT = 5.0
+_COMMAND_TIMEOUT = 180.0
+
+
+def is_mounted(path: Path) -> bool:
+    target = str(path.resolve())
+    with open("/proc/self/mountinfo") as mountinfo:
+        return any(line.split()[4] == target for line in mountinfo)
+
+
+def fusermount() -> str:
+    return shutil.which("fusermount3") or shutil.which("fusermount") or "fusermount3"
+
+
+def detach(path: Path) -> None:
+    """Last resort: a lazy unmount, so a failed run never leaves a mount behind."""
+    if is_mounted(path):
+        subprocess.run([fusermount(), "-u", "-z", str(path)], capture_output=True, check=False)
+
+
+def unmount_everything() -> None:
+    while ACTIVE:
+        ACTIVE.pop().abort()
+
+
+def peak_rss(pid: int | None) -> int | None:
+    """VmHWM (peak resident set) of a process in bytes, or None if it is gone."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process so far (all its threads)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def wait_for_exit(pid: int | None, timeout: float = _EXIT_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while pid is not None and process_running(pid):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"daemon {pid} still running {timeout}s after unmount")
+        time.sleep(0.02)
+
+
+def find_daemon(program: str, mountpoint: Path) -> int | None:
+    """The pid of the `program` process serving `mountpoint` (peers daemonize themselves)."""
+    wanted = str(mountpoint)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        words = [os.fsdecode(word) for word in argv if word]
+        if words and Path(words[0]).name == program and wanted in words:
+            return int(entry)
+    return None
+
+
+def wait_until_mounted(path: Path, process: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + _MOUNT_TIMEOUT
+    while not is_mounted(path):
+        if process is not None and process.poll() not in (None, 0):
+            raise RuntimeError(f"mount of {path} failed ({process.returncode})")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{path} not mounted after {_MOUNT_TIMEOUT}s")
+        time.sleep(0.05)
+
+
+def run_checked(command: list[str], env: dict[str, str] | None = None) -> None:
+    """Run a mount tool; it must succeed within _COMMAND_TIMEOUT (a hang is a failure)."""
+    result = subprocess.run(command, capture_output=True, text=True, env=env, check=False,
+                            timeout=_COMMAND_TIMEOUT)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command[:3])} failed ({result.returncode}): "
+                           f"{result.stderr.strip()[-2000:]}")
+
+
+class Mount(ABC):
+    """One file system under test; `mount` / `unmount` may be called repeatedly."""
+
+    name: str
+
+    def __init__(self, server: MotoServer, mountpoint: Path) -> None:
+        self.server = server
+        self.mountpoint = mountpoint
+        self.pid: int | None = None
+
+    def mount(self, cache_dir: Path) -> None:
+        self.mountpoint.mkdir(parents=True, exist_ok=True)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        ACTIVE.append(self)
+        self._mount(cache_dir)
+        wait_until_mounted(self.mountpoint)
+        self.pid = self._daemon_pid()
+
+    def unmount(self) -> None:
+        """Unmount and wait for the daemon to exit (it may still be saving its cache); a
+        failed or hung unmount falls back to `abort` before the error is raised."""
+        try:
+            if is_mounted(self.mountpoint):
+                self._unmount()
+            wait_for_exit(self.pid)
+        except (RuntimeError, subprocess.TimeoutExpired):
+            self.abort()
+            raise
+        if self in ACTIVE:
+            ACTIVE.remove(self)
+        self.pid = None
+
+    def abort(self) -> None:
+        """After a failure: detach the mount lazily and stop the daemon this run started
+        (SIGTERM, then SIGKILL if it still has not exited)."""
+        detach(self.mountpoint)
+        for stop in (None, signal.SIGTERM, signal.SIGKILL):
+            if self.pid is None or not process_running(self.pid):
+                break
+            if stop is not None:
+                os.kill(self.pid, stop)
+            try:
+                wait_for_exit(self.pid, _ABORT_WAIT)
+            except RuntimeError:
+                continue
+        if self in ACTIVE:
+            ACTIVE.remove(self)
+        self.pid = None
+
+    def _unmount(self) -> None:
+        run_checked([fusermount(), "-u", str(self.mountpoint)])
+
+    @abstractmethod
+    def _mount(self, cache_dir: Path) -> None: ...
+
+    @abstractmethod
+    def _daemon_pid(self) -> int | None: ...
+
+    def flush(self, timeout: float) -> None:
+        """Return once everything written through the mount is in the store. By default
+        there is nothing to wait for: the file system uploads before close() returns."""
+        return None
+
+    def writes_supported(self) -> bool:
+        return True
+
+
+class AvafsMount(Mount):
+    name = "avafs"
+
+    def __init__(self, server: MotoServer, mountpoint: Path, ram_cache: int,
+                 disk_cache: int) -> None:
+        super().__init__(server, mountpoint)
+        self.ram_cache = ram_cache
+        self.disk_cache = disk_cache
+
+    def _avafs(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "avafs", *args], capture_output=True,
+                              text=True, check=False, timeout=_COMMAND_TIMEOUT)
+
+    def _mount(self, cache_dir: Path) -> None:
+        result = self._avafs("mount", f"s3://{BUCKET}", str(self.mountpoint),
+                             "--endpoint-url", self.server.endpoint, "--cache-dir",
+                             str(cache_dir), "--ram-cache", str(self.ram_cache),
+                             "--disk-cache", str(self.disk_cache))
+        if result.returncode != 0:
+            raise RuntimeError(f"avafs mount failed: {result.stderr.strip()}")
+
+    def _daemon_pid(self) -> int | None:
+        return int(os.getxattr(self.mountpoint, "user.avafs.pid"))
+
+    def _unmount(self) -> None:
+        result = self._avafs("umount", str(self.mountpoint))
+        if result.returncode != 0:
+            raise RuntimeError(f"avafs umount failed: {result.stderr.strip()}")
+
+    def writes_supported(self) -> bool:
+        """Whether this avafs has a write path: until issue 3 lands, create gives EROFS."""
+        probe = self.mountpoint / ".bench-write-probe"
+        try:
+            with open(probe, "wb") as file:
+                file.write(b"probe")
+        except OSError:
+            return False
+        probe.unlink()
+        return True
+
+    def flush(self, timeout: float) -> None:
+        """`Client.flush()` where this avafs has it, else poll the status until nothing is
+        dirty. avafs retries failed uploads forever by design, so a deadline turns a
+        write path that cannot upload into a reported failure instead of a hung run."""
+        from avafs.client import Client
+
+        client = Client(self.mountpoint)
+        if hasattr(client, "flush"):
+            call_with_deadline(client.flush, timeout, lambda: self._last_error(client))
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            dirty = client.status()["dirty"]
+            if dirty["bytes"] == 0 and dirty["upload_queue"] == 0 and not dirty["uploading"]:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not durable after {timeout:.0f}s: "
+                                   f"{self._last_error(client)}")
+            time.sleep(0.05)
+
+    @staticmethod
+    def _last_error(client) -> str:
+        try:
+            errors = client.status()["recent_errors"]
+        except Exception as error:  # noqa: BLE001 - only decorates another failure's message
+            return f"status unavailable ({error})"
+        return errors[-1]["message"] if errors else "no error reported by the daemon"
+
+
+def call_with_deadline(function: Callable[[], object], timeout: float,
+                       explain: Callable[[], str]) -> None:
+    """Run a blocking call in a daemon thread; raise if it fails or outlives `timeout` (the
+    thread is then left blocked on its socket until the unmount closes it)."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            function()
+            outcome.append(None)
+        except BaseException as error:  # noqa: BLE001 - handed to the waiting thread
+            outcome.append(error)
+
+    worker = threading.Thread(target=run, daemon=True, name="bench-flush")
+    worker.start()
+    worker.join(timeout)
+    if not outcome:
+        raise RuntimeError(f"not durable after {timeout:.0f}s: {explain()}")
+    if outcome[0] is not None:
+        raise RuntimeError(f"flush failed: {outcome[0]}")
+
+
+class RcloneMount(Mount):
+    """`rclone mount --vfs-cache-mode full`, the S3 remote configured through environment,
+    tuned as its documentation advises for S3: `--use-server-modtime` (a listing gives
+    modification times without one HEAD per file) and `--vfs-write-back 0s` (upload at
+    close rather than 5 s later). Its remote-control API is on, so `flush` can wait for its
+    own upload queue to drain instead of guessing from the bucket."""
+
+    name = "rclone"
+
+    def __init__(self, server: MotoServer, mountpoint: Path) -> None:
+        super().__init__(server, mountpoint)
+        self.rc_port = free_port()
+
+    def _env(self) -> dict[str, str]:
+        """The remote's settings; AWS_CA_BUNDLE is left out because rclone's S3 backend
+        refuses to start with it set (LoadCustomCABundleError) and the endpoint is plain
+        HTTP on loopback anyway."""
+        inherited = {name: value for name, value in os.environ.items()
+                     if name != "AWS_CA_BUNDLE"}
+        return {**inherited,
+                "RCLONE_CONFIG_BENCH_TYPE": "s3",
+                "RCLONE_CONFIG_BENCH_PROVIDER": "Other",
+                "RCLONE_CONFIG_BENCH_ENDPOINT": self.server.endpoint,
+                "RCLONE_CONFIG_BENCH_REGION": CREDENTIALS["AWS_DEFAULT_REGION"],
+                "RCLONE_CONFIG_BENCH_ACCESS_KEY_ID": CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                "RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY": CREDENTIALS["AWS_SECRET_ACCESS_KEY"]}
+
+    def _mount(self, cache_dir: Path) -> None:
+        """Started as our own child rather than with --daemon: Debian's rclone 1.60 gives up
+        with "mount not ready" after its daemon-wait here, and a child's pid is known."""
+        self._log = open(cache_dir.parent / f"{cache_dir.name}.log", "ab")  # noqa: SIM115
+        self._process = subprocess.Popen(
+            ["rclone", "mount", f"bench:{BUCKET}", str(self.mountpoint),
+             "--vfs-cache-mode", "full", "--cache-dir", str(cache_dir),
+             "--vfs-write-back", "0s", "--use-server-modtime", "--rc", "--rc-no-auth",
+             "--rc-addr", f"127.0.0.1:{self.rc_port}"],
+            env=self._env(), stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
+            start_new_session=True)
+        wait_until_mounted(self.mountpoint, self._process)
+
+    def _daemon_pid(self) -> int | None:
+        return self._process.pid
+
+    def _unmount(self) -> None:
+        super()._unmount()
+        self._process.wait(timeout=_EXIT_TIMEOUT)
+        self._log.close()
+
+    def _rc(self, command: str) -> dict:
+        request = urllib.request.Request(f"http://127.0.0.1:{self.rc_port}/{command}",
+                                         data=b"{}", method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return json.load(reply)
+
+    def flush(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            cache = self._rc("vfs/stats").get("diskCache", {})
+            if not cache.get("uploadsInProgress") and not cache.get("uploadsQueued"):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"rclone: uploads still pending after {timeout:.0f}s")
+            time.sleep(0.05)
+
+
+class S3fsMount(Mount):
+    """s3fs-fuse with its local file cache; it uploads a file when it is closed."""
+
+    name = "s3fs"
+
+    def _mount(self, cache_dir: Path) -> None:
+        passwd = cache_dir.parent / f"{cache_dir.name}.passwd"
+        passwd.write_text(f"{CREDENTIALS['AWS_ACCESS_KEY_ID']}:"
+                          f"{CREDENTIALS['AWS_SECRET_ACCESS_KEY']}\n")
+        passwd.chmod(0o600)
+        run_checked(["s3fs", BUCKET, str(self.mountpoint), "-o", f"url={self.server.endpoint}",
+                     "-o", "use_path_request_style", "-o", f"passwd_file={passwd}",
+                     "-o", f"use_cache={cache_dir}"])
+
+    def _daemon_pid(self) -> int | None:
+        return find_daemon("s3fs", self.mountpoint)

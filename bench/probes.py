@@ -1,0 +1,191 @@
+"""Probes behind the optimization proposals in BENCHMARKS.md, each a few seconds long.
+
+    python3 bench/probes.py ranges      # GET throughput by range size on this server
+    python3 bench/probes.py read-size   # reads through avafs with 128 KiB vs 1 MiB FUSE reads
+    python3 bench/probes.py requests    # FUSE requests per small file, cold and warm (strace)
+
+They measure what a change to avafs would buy before it is made: `ranges` shows what a
+larger fetch unit gives a sequential reader, `read-size` raises the mount's read-ahead
+through sysfs (what avafs could do itself after mounting) and reads data held in the RAM
+tier, `requests` counts the daemon's replies on /dev/fuse per file read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from boto3.s3.transfer import TransferConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+
+import s3server  # noqa: E402
+from common import MiB, drop_page_cache, make_dataset, median, read_all, write_local  # noqa: E402
+from mounts import AvafsMount, cpu_seconds, unmount_everything  # noqa: E402
+
+ROUNDS = 3
+
+
+def probe_ranges(server: s3server.MotoServer, workdir: Path) -> None:
+    """MB/s of 4 x 64 MiB objects read in ranged GETs of 4, 16 and 64 MiB."""
+    dataset = make_dataset(4, 64 * MiB, 0, 0)
+    write_local(workdir / "data", dataset)
+    client = server.client()
+    s3server.upload_files(client, workdir / "data", dataset.large)
+    for part in (4 * MiB, 16 * MiB, 64 * MiB):
+        for threads in (1, 8):
+            jobs = [(name, start, min(dataset.large_size, start + part) - 1)
+                    for name in dataset.large for start in range(0, dataset.large_size, part)]
+
+            def get(job: tuple[str, int, int]) -> int:
+                name, start, end = job
+                reply = client.get_object(Bucket=s3server.BUCKET, Key=name,
+                                          Range=f"bytes={start}-{end}")
+                return len(reply["Body"].read())
+
+            def run(jobs=jobs, threads=threads) -> float:
+                started = time.perf_counter()
+                with ThreadPoolExecutor(threads) as pool:
+                    size = sum(pool.map(get, jobs))
+                return size / (time.perf_counter() - started) / 1e6
+
+            rates = [run() for _ in range(ROUNDS)]
+            print(f"ranged GETs of {part // MiB:2d} MiB, {threads} thread(s): "
+                  f"{median(rates):6.0f} MB/s  (rounds: {', '.join(f'{r:.0f}' for r in rates)})")
+
+    def transfer() -> float:
+        """boto3's own parallel download (s3transfer: 8 MiB ranges, 8 threads)."""
+        config = TransferConfig(max_concurrency=8)
+        started = time.perf_counter()
+        for name in dataset.large:
+            client.download_fileobj(s3server.BUCKET, name, _Discard(), Config=config)
+        return dataset.large_bytes / (time.perf_counter() - started) / 1e6
+
+    rates = [transfer() for _ in range(ROUNDS)]
+    print(f"boto3 download_fileobj, 8 threads:  {median(rates):6.0f} MB/s  "
+          f"(rounds: {', '.join(f'{r:.0f}' for r in rates)})")
+
+
+class _Discard(io.RawIOBase):
+    """A seekable sink for download_fileobj that keeps nothing."""
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        return len(data)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return offset
+
+
+def _avafs_mount(server: s3server.MotoServer, workdir: Path, names: list[str],
+                 root: Path) -> AvafsMount:
+    s3server.upload_files(server.client(), root, names)
+    mount = AvafsMount(server, workdir / "mnt", 2**30, 10 * 2**30)
+    mount.mount(workdir / "cache")
+    return mount
+
+
+def _read_ahead_file(mountpoint: Path) -> Path:
+    device = os.stat(mountpoint).st_dev
+    return Path(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb")
+
+
+def probe_read_size(server: s3server.MotoServer, workdir: Path) -> None:
+    """Large files already in the RAM tier, read through the mount with the kernel's page
+    cache dropped, at read-ahead 128 KiB (the FUSE default: 128 KiB READ requests) and
+    larger (1 MiB READs, the most libfuse's default max_pages allows)."""
+    dataset = make_dataset(4, 64 * MiB, 0, 0)
+    write_local(workdir / "data", dataset)
+    mount = _avafs_mount(server, workdir, dataset.large, workdir / "data")
+    try:
+        root = mount.mountpoint
+        read_all(root, dataset.large, threads=1)
+        knob = _read_ahead_file(root)
+        results: dict[str, list[tuple[float, float]]] = {}
+        for _ in range(ROUNDS):
+            for value in ("128", "1024", "4096"):
+                knob.write_text(value)
+                drop_page_cache(root / name for name in dataset.large)
+                before = cpu_seconds(mount.pid)
+                size, seconds = read_all(root, dataset.large, threads=1)
+                results.setdefault(value, []).append(
+                    (size / seconds / 1e6, cpu_seconds(mount.pid) - before))
+        for value, runs in results.items():
+            print(f"read_ahead_kb={value:>4}: {median([r for r, _ in runs]):6.0f} MB/s, daemon "
+                  f"CPU {median([c for _, c in runs]):.2f}s per {dataset.large_bytes // MiB} MiB")
+    finally:
+        mount.unmount()
+
+
+def _fuse_replies(pid: int, action: Callable[[], object]) -> int:
+    """Replies the daemon writes to /dev/fuse (one per request) while `action` runs."""
+    trace = Path(tempfile.mkstemp(suffix=".strace")[1])
+    tracer = subprocess.Popen(["strace", "-f", "-e", "trace=writev", "-o", str(trace),
+                               "-p", str(pid)], stderr=subprocess.DEVNULL)
+    time.sleep(1.0)
+    try:
+        action()
+        time.sleep(0.5)
+    finally:
+        tracer.terminate()
+        tracer.wait()
+    count = sum(1 for line in trace.read_text().splitlines() if "writev(" in line)
+    trace.unlink()
+    return count
+
+
+def probe_requests(server: s3server.MotoServer, workdir: Path) -> None:
+    if shutil.which("strace") is None:
+        raise SystemExit("the requests probe needs strace: apt-get install strace")
+    dataset = make_dataset(0, 0, 300, 100 * 1024)
+    write_local(workdir / "data", dataset)
+    mount = _avafs_mount(server, workdir, dataset.small, workdir / "data")
+    try:
+        root = mount.mountpoint
+        os.listdir(root / "small" / "000")
+        for label in ("cold", "warm", "warm again"):
+            replies = _fuse_replies(mount.pid, lambda: read_all(root, dataset.small, 8))
+            print(f"{label:10} small-file reads: {replies / len(dataset.small):.1f} FUSE "
+                  "requests per file")
+    finally:
+        mount.unmount()
+
+
+PROBES = {"ranges": probe_ranges, "read-size": probe_read_size, "requests": probe_requests}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("probe", choices=sorted(PROBES))
+    args = parser.parse_args()
+    os.environ.update(s3server.CREDENTIALS)
+    workdir = Path(tempfile.mkdtemp(prefix="avafs-probe-"))
+    server = s3server.MotoServer(workdir / "moto.log")
+    try:
+        server.client().create_bucket(Bucket=s3server.BUCKET)
+        PROBES[args.probe](server, workdir)
+    finally:
+        unmount_everything()
+        server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,140 @@
+"""The S3 side of the benchmark: moto's standalone server on loopback, and direct boto3 traffic.
+
+The direct parallel download and upload are the baselines the cold-read, warmup and write
+targets are measured against: they are what the same machine gets from the same server with
+no file system in between, so a ratio near 1 means avafs adds almost nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import boto3
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "bench",
+    "AWS_SECRET_ACCESS_KEY": "bench-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+BUCKET = "bench"
+DIRECT_THREADS = 8
+_PART = 8 * 2**20
+_CHUNK = 2**20
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class MotoServer:
+    """moto's S3 server in a child process on a free loopback port; stop() ends it."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._log = open(log_path, "wb")  # noqa: SIM115 - lives as long as the server
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, **CREDENTIALS})
+        self._wait_until_listening(30.0)
+
+    def _wait_until_listening(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"moto server exited ({self.process.returncode})")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"moto server not listening on port {self.port} after {timeout}s")
+
+    def client(self):
+        """A boto3 client with a pool large enough for every direct-traffic thread."""
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                            aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                            aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+                            config=Config(max_pool_connections=4 * DIRECT_THREADS,
+                                          retries={"mode": "standard", "max_attempts": 10}))
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._log.close()
+
+
+def _pool_map(function, items: Iterable, threads: int) -> list:
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(function, items))
+
+
+def upload_files(client, root: Path, names: list[str], threads: int = 16) -> None:
+    """Put local files under `root` to the bucket, under the same names (dataset setup)."""
+    _pool_map(lambda name: client.upload_file(str(root / name), BUCKET, name,
+                                              Config=TransferConfig(use_threads=False)),
+              names, threads)
+
+
+def put_empty(client, keys: list[str], threads: int = 16) -> None:
+    _pool_map(lambda key: client.put_object(Bucket=BUCKET, Key=key, Body=b""), keys, threads)
+
+
+def download_objects(client, names: list[str]) -> int:
+    """Every object in one streamed GET each, DIRECT_THREADS at a time; returns bytes.
+
+    Whole-object GETs, not ranges: moto answers a ranged GET by reading the whole object
+    (`FakeKey.value`) and slicing it, so on this server ranges cost their object's size
+    each, and a range-splitting baseline would be slower than a plain download."""
+    def get(name: str) -> int:
+        body = client.get_object(Bucket=BUCKET, Key=name)["Body"]
+        total = 0
+        while chunk := body.read(_CHUNK):
+            total += len(chunk)
+        return total
+
+    return sum(_pool_map(get, names, DIRECT_THREADS))
+
+
+def upload_large(client, key: str, path: Path) -> None:
+    """One large file as a multipart upload of 8 MiB parts, DIRECT_THREADS at a time."""
+    config = TransferConfig(multipart_threshold=_PART, multipart_chunksize=_PART,
+                            max_concurrency=DIRECT_THREADS)
+    client.upload_file(str(path), BUCKET, key, Config=config)
+
+
+def upload_small(client, keys: list[str], data: bytes) -> None:
+    """One PUT per object across DIRECT_THREADS threads."""
+    _pool_map(lambda key: client.put_object(Bucket=BUCKET, Key=key, Body=data), keys,
+              DIRECT_THREADS)
+
+
+def listed_sizes(client, prefix: str) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix):
+        sizes.update((entry["Key"], entry["Size"]) for entry in page.get("Contents", ()))
+    return sizes
+
+
+def delete_keys(client, keys: list[str]) -> None:
+    """Remove what a write workload left, so the server's memory does not grow by round
+    (keys that do not exist are fine: S3 deletes are idempotent)."""
+    for start in range(0, len(keys), 1000):
+        client.delete_objects(Bucket=BUCKET, Delete={
+            "Objects": [{"Key": key} for key in keys[start:start + 1000]], "Quiet": True})

@@ -1,0 +1,64 @@
+"""The benchmark's smoke mode, as CI runs it: a real moto server, real mounts, tiny data.
+
+No timing is asserted (timing targets live in bench/, as ratios); the test checks that the
+command runs end to end, reports every workload with sane numbers, and leaves no mount behind.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+WRITES = ("write_large", "write_small")
+# Workload -> the systems that must have a figure in every run (peers are optional).
+REQUIRED = {
+    "cold_large": ("avafs", "direct"),
+    "cold_small": ("avafs", "direct"),
+    "warm_large": ("avafs", "local"),
+    "warm_small": ("avafs", "local"),
+    "remount_large": ("avafs",),
+    "remount_small": ("avafs",),
+    "warmup_small": ("avafs", "direct"),
+    "write_large": ("avafs", "local", "direct"),
+    "write_small": ("avafs", "local", "direct"),
+    "stat_tree": ("avafs", "local"),
+    "peak_rss": ("avafs",),
+}
+
+
+def mounts_under(path: Path) -> list[str]:
+    with open("/proc/self/mountinfo") as mountinfo:
+        return [line.split()[4] for line in mountinfo if line.split()[4].startswith(str(path))]
+
+
+def test_smoke_run_reports_every_workload(tmp_path):
+    report, workdir = tmp_path / "bench.json", tmp_path / "work"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "benchmark.py"), "--smoke", "--json",
+         str(report), "--workdir", str(workdir)],
+        capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "| cold, large files" in result.stdout
+    assert mounts_under(workdir) == []
+
+    document = json.loads(report.read_text())
+    assert document["smoke"] is True
+    assert document["machine"]["cpus"] >= 1
+    workloads = document["workloads"]
+    assert set(workloads) == set(REQUIRED)
+    for key, systems in REQUIRED.items():
+        entry = workloads[key]
+        for system, value in entry["results"].items():
+            assert value is None or (math.isfinite(value) and value > 0), (key, system, value)
+        for system in systems:
+            if key in WRITES and system == "avafs" and entry["results"]["avafs"] is None:
+                assert "avafs" in entry["notes"], f"{key}: no avafs figure and no reason"
+                continue
+            assert entry["results"][system] is not None, (key, system, entry["notes"])
+            assert len(entry["rounds"][system]) == 1, (key, system)
+        assert entry["target"]
+        assert entry["met"] in (True, False, None)
