@@ -175,8 +175,14 @@ class S3Store(ObjectStore):
         return reply["Body"]
 
     def put(self, key: str, body: BinaryIO, size: int) -> ObjectInfo:
-        """Single PUT below 64 MiB, multipart above; both are atomic for readers in S3."""
+        """One PutObject below 64 MiB (its reply carries the ETag: one request per file, as
+        checkpoints and logs are mostly small), managed multipart above; both are atomic for
+        readers in S3."""
         try:
+            if size < _TRANSFER.multipart_threshold:
+                reply = self._client.put_object(Bucket=self.bucket, Key=self.prefix + key,
+                                                Body=body.read())
+                return ObjectInfo(key, size, _etag(reply["ETag"]), time.time())
             self._client.upload_fileobj(body, self.bucket, self.prefix + key, Config=_TRANSFER)
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
             raise StoreError(self._describe(error)) from None
