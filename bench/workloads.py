@@ -7,6 +7,7 @@ direct upload, and for a mount the write, the close and then the mount's own flu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -108,10 +109,9 @@ def drop_cached_pages(directory: Path) -> None:
             except OSError:
                 continue
             try:
-                os.fdatasync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            except OSError:
-                pass
+                with contextlib.suppress(OSError):
+                    os.fdatasync(fd)
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
 
@@ -193,6 +193,5 @@ class WritePlan:
 def timed_parallel(function: Callable[[str], object], items: list[str], threads: int) -> float:
     started = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:
-        for _ in pool.map(function, items):
-            pass
+        list(pool.map(function, items))
     return time.perf_counter() - started

@@ -33,14 +33,11 @@ class _Handler(socketserver.BaseRequestHandler):
 
 
 def _pump(source: socket.socket, target: socket.socket) -> None:
-    try:
+    with contextlib.suppress(OSError):
         while data := source.recv(1 << 16):
             target.sendall(data)
-    except OSError:
-        pass
-    finally:
-        with contextlib.suppress(OSError):
-            target.shutdown(socket.SHUT_WR)
+    with contextlib.suppress(OSError):
+        target.shutdown(socket.SHUT_WR)
 
 
 class FaultProxy(socketserver.ThreadingTCPServer):
