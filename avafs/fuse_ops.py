@@ -332,7 +332,11 @@ class AvafsOperations(pyfuse3.Operations):
 
     async def release(self, fh: int) -> None:
         handle = self._open.pop(fh, None)
-        if handle is None or handle.fd < 0:
+        if handle is not None:
+            self._close(handle)
+
+    def _close(self, handle: OpenFile) -> None:
+        if handle.fd < 0:
             return
         os.close(handle.fd)
         if handle.writable:
@@ -376,17 +380,12 @@ class AvafsOperations(pyfuse3.Operations):
                     await self._truncate(handle, attr.st_size)
                     await self._blocking(self.writeback.commit, handle.pending, handle.fd)
                 finally:
-                    await self.release(self._adopt(handle))
+                    self._close(handle)
         if fields.update_mtime and self.writeback is not None:
             pending = self.writeback.get(node.source, node.key)
             if pending is not None and pending.kind == DATA:
                 pending.mtime = attr.st_mtime_ns / 1e9
         return self._attributes(node)
-
-    def _adopt(self, handle: OpenFile) -> int:
-        fh = self._new_fh()
-        self._open[fh] = handle
-        return fh
 
     async def _truncate(self, handle: OpenFile, size: int) -> None:
         self.writeback.truncated(handle.pending, size)
