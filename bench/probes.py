@@ -13,7 +13,6 @@ tier, `requests` counts the daemon's replies on /dev/fuse per file read.
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import shutil
 import subprocess
@@ -23,8 +22,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-from boto3.s3.transfer import TransferConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
@@ -64,32 +61,13 @@ def probe_ranges(server: s3server.MotoServer, workdir: Path) -> None:
                   f"{median(rates):6.0f} MB/s  (rounds: {', '.join(f'{r:.0f}' for r in rates)})")
 
     def transfer() -> float:
-        """boto3's own parallel download (s3transfer: 8 MiB ranges, 8 threads)."""
-        config = TransferConfig(max_concurrency=8)
         started = time.perf_counter()
-        for name in dataset.large:
-            client.download_fileobj(s3server.BUCKET, name, _Discard(), Config=config)
-        return dataset.large_bytes / (time.perf_counter() - started) / 1e6
+        size = s3server.download_transfer(client, dataset.large)
+        return size / (time.perf_counter() - started) / 1e6
 
     rates = [transfer() for _ in range(ROUNDS)]
     print(f"boto3 download_fileobj, 8 threads:  {median(rates):6.0f} MB/s  "
           f"(rounds: {', '.join(f'{r:.0f}' for r in rates)})")
-
-
-class _Discard(io.RawIOBase):
-    """A seekable sink for download_fileobj that keeps nothing."""
-
-    def writable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def write(self, data) -> int:
-        return len(data)
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return offset
 
 
 def _avafs_mount(server: s3server.MotoServer, workdir: Path, names: list[str],

@@ -69,6 +69,8 @@ class Results:
         self.phases: dict[str, dict[str, list[dict[str, float]]]] = {
             key: {system: [] for system in SYSTEMS} for key in WORKLOAD_KEYS}
         """Where a write's time went, per round: writing, then the flush until durable."""
+        self.references: dict[str, dict[str, list[float]]] = {key: {} for key in WORKLOAD_KEYS}
+        """Figures that explain a result without being one of the compared systems."""
         self._last = time.monotonic()
 
     def add(self, key: str, system: str, value: float, cpu: float | None = None) -> None:
@@ -86,6 +88,10 @@ class Results:
         print(f"  {system:6} {key:14} {_number(value):>9} {UNITS[key]:9} "
               f"(+{now - self._last:.1f}s{spent})", file=sys.stderr, flush=True)
         self._last = now
+
+    def reference(self, key: str, label: str, value: float) -> None:
+        self.references[key].setdefault(label, []).append(value)
+        print(f"  ({label}: {_number(value)} {UNITS[key]})", file=sys.stderr, flush=True)
 
     def note(self, key: str, system: str, text: str) -> None:
         self.notes[key][system] = text
@@ -162,6 +168,8 @@ def summarize(results: Results, ram_cache: int) -> dict[str, dict[str, Any]]:
                             for system, values in results.cpu[workload.key].items()},
             "phases": {system: phases for system, phases in
                        results.phases[workload.key].items() if phases},
+            "references": {label: median(values)
+                           for label, values in results.references[workload.key].items()},
             **evaluate(workload, medians, ram_cache),
         }
     return summary
@@ -200,6 +208,10 @@ def format_table(summary: dict[str, dict[str, Any]]) -> str:
                      entry["target"], _ratio_text(entry["ratio_reference"]),
                      _verdict(entry["met"])])
         notes.extend(f"* {key} / {system}: {text}" for system, text in entry["notes"].items())
+        notes.extend(f"* {key}: {label}: {_number(value)} {entry['unit']}"
+                     + (f" (avafs {_ratio_text(entry['results'][AVAFS] / value)} of it)"
+                        if entry["results"][AVAFS] else "")
+                     for label, value in entry["references"].items())
     widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
     lines = ["| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
              + " |" for row in rows]

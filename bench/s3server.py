@@ -7,6 +7,7 @@ no file system in between, so a ratio near 1 means avafs adds almost nothing.
 
 from __future__ import annotations
 
+import io
 import os
 import socket
 import subprocess
@@ -99,9 +100,9 @@ def put_empty(client, keys: list[str], threads: int = 16) -> None:
 def download_objects(client, names: list[str]) -> int:
     """Every object in one streamed GET each, DIRECT_THREADS at a time; returns bytes.
 
-    Whole-object GETs, not ranges: moto answers a ranged GET by reading the whole object
-    (`FakeKey.value`) and slicing it, so on this server ranges cost their object's size
-    each, and a range-splitting baseline would be slower than a plain download."""
+    The baseline for small files (one GET per file, files in parallel), and for large files
+    the server's ceiling: whole-object GETs are the cheapest request this server answers,
+    since moto serves a ranged GET by reading the whole object and slicing it."""
     def get(name: str) -> int:
         body = client.get_object(Bucket=BUCKET, Key=name)["Body"]
         total = 0
@@ -110,6 +111,40 @@ def download_objects(client, names: list[str]) -> int:
         return total
 
     return sum(_pool_map(get, names, DIRECT_THREADS))
+
+
+class _Discard(io.RawIOBase):
+    """A seekable sink for download_fileobj that only counts (no disk in the baseline)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self.size += len(data)
+        return len(data)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return offset
+
+
+def download_transfer(client, names: list[str]) -> int:
+    """Large files one after another, each with boto3's own parallel download (s3transfer:
+    8 MiB ranged GETs, DIRECT_THREADS at a time), as `aws s3 cp` or `download_file` copy a
+    dataset to local disk; returns bytes. This is the issue's "direct boto3, 8 threads"."""
+    config = TransferConfig(max_concurrency=DIRECT_THREADS)
+    total = 0
+    for name in names:
+        sink = _Discard()
+        client.download_fileobj(BUCKET, name, sink, Config=config)
+        total += sink.size
+    return total
 
 
 def upload_large(client, key: str, path: Path) -> None:

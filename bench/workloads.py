@@ -143,11 +143,16 @@ class WritePlan:
     def large_name(self, prefix: str) -> str:
         return f"{prefix}/large.bin"
 
+    def expected_large(self, prefix: str) -> dict[str, int]:
+        """Key -> size of what the large write leaves under `prefix` in the store."""
+        return {self.large_name(prefix): self.large_size}
+
+    def expected_small(self, prefix: str) -> dict[str, int]:
+        return {name: self.small_size for name in self.small_names(prefix)}
+
     def expected(self, prefix: str) -> dict[str, int]:
         """Key -> size of everything a write round leaves under `prefix` in the store."""
-        sizes = {name: self.small_size for name in self.small_names(prefix)}
-        sizes[self.large_name(prefix)] = self.large_size
-        return sizes
+        return self.expected_small(prefix) | self.expected_large(prefix)
 
     def write_source(self, path: Path) -> None:
         """The large file on local disk, the direct upload's source."""
