@@ -100,19 +100,32 @@ class TierStack:
         return b"".join(parts)[start:end]
 
     def stream(self, ref: ObjectRef, first: int, count: int) -> int:
-        """Start one streaming GET for the blocks of [first, first+count) not yet cached or
-        loading; never blocks. Returns the index up to which blocks are now cached or loading
-        (the caller's read-ahead frontier), which stays at the first missing block if no fetch
-        slot is free.
+        """Bring the blocks of [first, first+count) towards RAM without blocking: blocks only
+        on the disk tier are promoted one by one, and the first run of blocks no tier has
+        gets one streaming GET. Returns the index up to which blocks are now in RAM or
+        loading (the caller's read-ahead frontier); it stops at the first block for which
+        no fetch slot was free.
 
-        Why one request: a sequential reader needs every block anyway, and one ranged GET
-        avoids a request's latency (and price) per block; some servers also pay per request
-        in proportion to the object's size (moto copies the whole object for every range)."""
+        Why one request per run: a sequential reader needs every block anyway, and one ranged
+        GET avoids a request's latency (and price) per block; some servers also pay per
+        request in proportion to the object's size (moto copies the whole object for every
+        range)."""
         last = min(first + count, self.block_count(ref))
         index = first
-        while index < last and self._present(ref.block(index)):
-            index += 1
-        if index == last or not self._slots.acquire(blocking=False):
+        while index < last:
+            block = ref.block(index)
+            if block in self.ram or block in self._loading:
+                index += 1
+            elif block in self.disk:
+                if self._block_future(ref, index, wait_for_slot=False) is None:
+                    return index
+                index += 1
+            else:
+                return self._start_stream(ref, index, last)
+        return index
+
+    def _start_stream(self, ref: ObjectRef, index: int, last: int) -> int:
+        if not self._slots.acquire(blocking=False):
             return index
         run: list[tuple[BlockId, Future[bytes]]] = []
         with self._lock:

@@ -1,0 +1,87 @@
+"""TierStack's read-ahead against real tiers and a file:// store.
+
+These pin down which tier a streamed block comes from, which a mount's counters cannot show:
+after a remount, blocks that are only on the disk tier must still be brought into RAM ahead
+of a sequential reader (a regression once made remounted files read block by block).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from avafs.metrics import Metrics
+from avafs.stores.instrumented import InstrumentedStore
+from avafs.stores.local import LocalStore
+from avafs.tiers.disk import DiskTier
+from avafs.tiers.ram import RamTier
+from avafs.tiers.stack import ObjectRef, TierStack
+
+BLOCK = 64 * 1024
+BLOCKS = 12
+
+
+@pytest.fixture
+def stack(tmp_path) -> Iterator[TierStack]:
+    metrics = Metrics()
+    ram = RamTier(64 * BLOCK, 1000, 0.9, 0.7)
+    disk = DiskTier(tmp_path / "disk", 64 * BLOCK, 1000, 0.9, 0.7)
+    stack = TierStack(ram, disk, BLOCK, 32 * BLOCK, metrics)
+    yield stack
+    stack.close()
+
+
+@pytest.fixture
+def ref(tmp_path, stack) -> ObjectRef:
+    bucket = tmp_path / "bucket"
+    bucket.mkdir()
+    (bucket / "data").write_bytes(os.urandom(BLOCKS * BLOCK - 100))
+    store = InstrumentedStore(LocalStore(bucket), stack.metrics)
+    info = store.head("data")
+    return ObjectRef(store.url, store, "data", info.etag, info.size)
+
+
+def _gets(stack: TierStack) -> float:
+    return stack.metrics.value(stack.metrics.store_requests, "get")
+
+
+def _wait_in_ram(stack: TierStack, ref: ObjectRef) -> None:
+    """Waits, without reading (a read would load blocks itself), for every block in RAM."""
+    deadline = time.monotonic() + 10
+    while not all(stack.is_cached(ref, index, "ram") for index in range(stack.block_count(ref))):
+        assert time.monotonic() < deadline, "streamed blocks never reached RAM"
+        time.sleep(0.01)
+
+
+def test_stream_of_missing_blocks_is_one_request(stack, ref):
+    assert stack.stream(ref, 0, BLOCKS) == BLOCKS
+    _wait_in_ram(stack, ref)
+    assert _gets(stack) == 1
+
+
+def test_stream_promotes_disk_only_blocks_to_ram(stack, ref):
+    for index in range(BLOCKS):
+        stack.load(ref, index, to_ram=False)
+    assert not any(stack.is_cached(ref, index, "ram") for index in range(BLOCKS))
+    requests = _gets(stack)
+
+    assert stack.stream(ref, 0, BLOCKS) == BLOCKS
+    _wait_in_ram(stack, ref)
+
+    assert stack.metrics.value(stack.metrics.hits, "disk") == BLOCKS
+    assert _gets(stack) == requests
+
+
+def test_stream_mixes_promotion_and_one_request_for_the_gap(stack, ref):
+    for index in range(BLOCKS // 2):
+        stack.load(ref, index, to_ram=False)
+    requests = _gets(stack)
+
+    assert stack.stream(ref, 0, BLOCKS) == BLOCKS
+    _wait_in_ram(stack, ref)
+
+    assert stack.metrics.value(stack.metrics.hits, "disk") == BLOCKS // 2
+    assert _gets(stack) == requests + 1
