@@ -39,6 +39,14 @@ def test_large_file_is_bit_exact(source, mount):
     assert os.stat(mnt / "data" / "large.bin").st_size == len(data)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the kernel's read-ahead knob needs root")
+def test_kernel_reads_ahead_a_whole_block(local_bucket, mount):
+    mnt = mount(local_bucket.as_uri(), "--block-size", "2MiB")
+    device = os.stat(mnt).st_dev
+    knob = Path(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb")
+    assert knob.read_text().strip() == "2048"
+
+
 def test_random_and_ranged_reads_at_block_boundaries(source, mount):
     block = 256 * 1024
     data = payload(2, 5 * block + 777)

@@ -174,15 +174,18 @@ class TierStack:
 
     def _fetched(self, block: BlockId, future: Future[bytes], data: bytes,
                  to_ram: bool = True) -> None:
-        """A block arrived from the store: readers first, then the disk tier."""
+        """A block arrived from the store: readers first, then the disk tier; a load for the
+        disk tier alone is done only once the block is there."""
         self.metrics.misses.inc()
         self.metrics.bytes_served.labels("store").inc(len(data))
         if to_ram:
             self._admit_to_ram(block, data)
-        future.set_result(data)
+            future.set_result(data)
         self.disk.put(block, data)
         # Only now, when a tier can serve it, may the block stop being findable as loading.
         self._done_loading(block)
+        if not to_ram:
+            future.set_result(data)
         self._note_usage()
 
     def _done_loading(self, block: BlockId) -> None:
@@ -209,9 +212,9 @@ class TierStack:
         data = self.ram.get(block)
         if data is not None:
             self.metrics.hits.labels("ram").inc()
-            done: Future[bytes] = Future()
-            done.set_result(data)
-            return done
+            return _done(data)
+        if not to_ram and block in self.disk:
+            return _done(b"")  # only load() asks for the disk tier alone, and wants no bytes
         with self._lock:
             loading = self._loading.get(block)
         if loading is not None:
@@ -230,9 +233,6 @@ class TierStack:
 
     def _load(self, ref: ObjectRef, block: BlockId, future: Future[bytes], to_ram: bool) -> None:
         try:
-            if not to_ram and block in self.disk:
-                future.set_result(b"")
-                return
             data = self.disk.get(block)
             if data is not None:
                 self.metrics.hits.labels("disk").inc()
@@ -292,6 +292,12 @@ class TierStack:
         disk = [block for block in self.disk.blocks()
                 if block.source == source and block.key == key]
         return self.ram.discard(ram) + self.disk.discard(disk)
+
+
+def _done(data: bytes) -> Future[bytes]:
+    future: Future[bytes] = Future()
+    future.set_result(data)
+    return future
 
 
 def _read_exactly(body, length: int) -> bytes:
