@@ -3,11 +3,13 @@
     python3 bench/probes.py ranges      # GET throughput by range size on this server
     python3 bench/probes.py read-size   # reads through avafs with 128 KiB vs 1 MiB FUSE reads
     python3 bench/probes.py requests    # FUSE requests per small file, cold and warm (strace)
+    python3 bench/probes.py reads       # avafs alone: cold, warm and remount reads, in a minute
 
 They measure what a change to avafs would buy before it is made: `ranges` shows what a
 larger fetch unit gives a sequential reader, `read-size` raises the mount's read-ahead
 through sysfs (what avafs could do itself after mounting) and reads data held in the RAM
-tier, `requests` counts the daemon's replies on /dev/fuse per file read.
+tier, `requests` counts the daemon's replies on /dev/fuse per file read, `reads` is the
+read half of the benchmark for avafs alone, to try a change to the read path quickly.
 """
 
 from __future__ import annotations
@@ -144,7 +146,36 @@ def probe_requests(server: s3server.MotoServer, workdir: Path) -> None:
         mount.unmount()
 
 
-PROBES = {"ranges": probe_ranges, "read-size": probe_read_size, "requests": probe_requests}
+def probe_reads(server: s3server.MotoServer, workdir: Path) -> None:
+    """Cold (empty cache), warm (same mount) and remount (disk tier only) reads of
+    4 x 64 MiB (one reader) and 1000 x 100 KiB files (8 readers), as the benchmark reads them."""
+    dataset = make_dataset(4, 64 * MiB, 1000, 100 * 1024)
+    write_local(workdir / "data", dataset)
+    s3server.upload_files(server.client(), workdir / "data", dataset.large + dataset.small)
+    results: dict[str, list[float]] = {}
+    for _ in range(ROUNDS):
+        shutil.rmtree(workdir / "cache", ignore_errors=True)
+        mount = AvafsMount(server, workdir / "mnt", 2**30, 10 * 2**30)
+        for label in ("cold", "warm", "remount"):
+            if label == "remount":
+                mount.unmount()
+                mount.mount(workdir / "cache")
+            elif label == "cold":
+                mount.mount(workdir / "cache")
+            for kind, names, threads in (("large MB/s", dataset.large, 1),
+                                         ("small files/s", dataset.small, 8)):
+                if label == "warm":
+                    read_all(mount.mountpoint, names, threads)
+                size, seconds = read_all(mount.mountpoint, names, threads)
+                rate = size / seconds / 1e6 if threads == 1 else len(names) / seconds
+                results.setdefault(f"{label:8} {kind}", []).append(rate)
+        mount.unmount()
+    for label, rates in results.items():
+        print(f"{label:24} {median(rates):8.0f}  (rounds: {', '.join(f'{r:.0f}' for r in rates)})")
+
+
+PROBES = {"ranges": probe_ranges, "read-size": probe_read_size, "requests": probe_requests,
+          "reads": probe_reads}
 
 
 def main() -> int:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from fault_proxy import FaultProxy
 from support import AVAFS, TEST_CREDENTIALS, S3Server, unmount
 
 
@@ -63,6 +64,14 @@ def mount(tmp_path) -> Iterator[Callable[..., Path]]:
     yield _mount
     for path in reversed(mounted):
         unmount(path)
+
+
+@pytest.fixture
+def proxy(s3_server) -> Iterator[FaultProxy]:
+    """A fault-injecting TCP proxy in front of the S3 server (modes: pass, 503, refuse, cut)."""
+    server = FaultProxy(s3_server.port)
+    yield server
+    server.close()
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""A TCP proxy between avafs and the S3 server that can refuse connections or answer 503,
-so network faults are injected for real, not mocked."""
+"""A TCP proxy between avafs and the S3 server that can refuse connections, answer 503, or
+cut every response short, so network faults are injected for real, not mocked."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ import contextlib
 import socket
 import socketserver
 import threading
+
+CUT_AFTER = 16 * 1024
+"""Bytes of a response (headers included) relayed in "cut" mode before the connection drops."""
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -24,6 +27,10 @@ class _Handler(socketserver.BaseRequestHandler):
                                  + str(len(body)).encode() + b"\r\n\r\n" + body)
             return
         with socket.create_connection(self.server.upstream) as upstream:
+            if mode == "cut":
+                upstream.sendall(self.request.recv(65536))
+                self.request.sendall(upstream.recv(CUT_AFTER))
+                return
             pumps = [threading.Thread(target=_pump, args=(self.request, upstream), daemon=True),
                      threading.Thread(target=_pump, args=(upstream, self.request), daemon=True)]
             for pump in pumps:

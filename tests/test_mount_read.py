@@ -6,6 +6,7 @@ import hashlib
 import os
 import random
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -222,6 +223,22 @@ def test_concurrent_readers_share_fetches(s3_server, bucket, mount):
     from avafs.client import Client
 
     assert Client(mnt).status()["misses"] == 8
+
+
+@pytest.mark.parametrize("mode", ["503", "refuse", "cut"])
+def test_reads_recover_from_store_faults(s3_server, bucket, mount, proxy, mode):
+    data = payload(9, 3 * MiB + 5)
+    s3_server.client().put_object(Bucket=bucket, Key="f.bin", Body=data)
+    mnt = mount(f"s3://{bucket}", "--endpoint-url", proxy.endpoint, "--block-size", "1MiB")
+    assert os.listdir(mnt) == ["f.bin"]
+    proxy.mode = mode
+    result: dict[str, bytes] = {}
+    reader = threading.Thread(target=lambda: result.setdefault("data", (mnt / "f.bin").read_bytes()))
+    reader.start()
+    time.sleep(2)
+    proxy.mode = "pass"
+    reader.join(timeout=60)
+    assert result["data"] == data
 
 
 def test_read_only_mount_refuses_writes_with_erofs(source, mount):

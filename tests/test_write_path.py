@@ -12,7 +12,6 @@ import time
 
 import pytest
 from datasets import payload, sha256
-from fault_proxy import FaultProxy
 from support import run_avafs, unmount
 
 from avafs.client import Client
@@ -193,13 +192,6 @@ def test_umount_flushes_and_no_flush_resumes_at_next_mount(s3_server, bucket, s3
     assert (mnt / "b.txt").read_bytes() == b"left journaled"
     Client(mnt).flush()
     assert store_bytes(s3_server, bucket, "b.txt") == b"left journaled"
-
-
-@pytest.fixture
-def proxy(s3_server):
-    server = FaultProxy(s3_server.port)
-    yield server
-    server.close()
 
 
 @pytest.mark.parametrize("mode, seconds", [("503", 30), ("refuse", 10)])

@@ -11,6 +11,7 @@ the endpoint and the error code only.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -19,11 +20,13 @@ from urllib.parse import urlsplit
 
 import boto3
 import botocore.exceptions
+import urllib3.exceptions
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
 from ..errors import AvafsError, ObjectChangedError, StoreError
 from .base import Listing, ObjectInfo, ObjectStore
+from .s3_lean import Changed, LeanGets
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +78,7 @@ class S3Store(ObjectStore):
         self._probe_client = session.client("s3", config=Config(
             retries={"mode": "standard", "max_attempts": 2},
             connect_timeout=5, read_timeout=10), **common)
+        self._lean = LeanGets(self._client, session.get_credentials(), bucket)
 
     def _describe(self, error: Exception) -> str:
         if isinstance(error, botocore.exceptions.NoCredentialsError):
@@ -132,8 +136,23 @@ class S3Store(ObjectStore):
         return ObjectInfo(key, reply["ContentLength"], _etag(reply["ETag"]),
                           reply["LastModified"].timestamp())
 
+    def _lean_open(self, key: str, start: int, length: int, etag: str) -> BinaryIO | None:
+        try:
+            return self._lean.open(self.prefix + key, start, length, etag)
+        except Changed:
+            raise ObjectChangedError(f"{self.url}{key} changed or vanished while being read") \
+                from None
+
     def get_range(self, key: str, start: int, length: int, etag: str) -> bytes:
-        """Retries dropped bodies too: botocore retries a failed request, not a failed read."""
+        """The lean GET first; the full client when it cannot answer, which retries dropped
+        bodies too (botocore retries a failed request, not a failed read)."""
+        body = self._lean_open(key, start, length, etag)
+        if body is not None:
+            with contextlib.suppress(urllib3.exceptions.HTTPError, OSError), \
+                    contextlib.closing(body):
+                data = body.read()
+                if len(data) == length:
+                    return data
         for attempt in range(_BODY_ATTEMPTS):
             try:
                 reply = self._client.get_object(
@@ -161,6 +180,9 @@ class S3Store(ObjectStore):
     def open_range(self, key: str, start: int, length: int, etag: str) -> BinaryIO:
         """One GET whose body is read as it arrives (a dropped stream is the caller's to
         recover: it refetches the blocks it did not get with get_range, which retries)."""
+        body = self._lean_open(key, start, length, etag)
+        if body is not None:
+            return body
         try:
             reply = self._client.get_object(
                 Bucket=self.bucket, Key=self.prefix + key, IfMatch=f'"{etag}"',
