@@ -23,7 +23,7 @@ from adapters.errors import EmptyDatasetError
 from adapters.mounts import client_for
 from adapters.prefetch import PrefetchHinter
 from adapters.sharding import CoordinatorClient, JobSpec, Lease
-from adapters.shards import Sample, SampleFormat, count_samples, read_file_sample, read_samples
+from adapters.shards import Sample, SampleFormat, count_samples, read_file_samples, read_samples
 from adapters.sources import Item, ItemSource
 from adapters.splitting import ReaderSlot, block_order, reader_span, unit_order
 
@@ -124,13 +124,15 @@ class SampleReader:
     def _units(self, units: list[Item]) -> Iterator[Sample]:
         """Every sample of `units` in order, hinting the mount about the units coming next."""
         hinter = self._hinter([unit.path for unit in units])
+        if not self.format.is_sharded:
+            client = client_for(self.source.root, require_mount=False)
+            yield from read_file_samples(units, client,
+                                         None if hinter is None else hinter.reached)
+            return
         for index, unit in enumerate(units):
             if hinter is not None:
                 hinter.reached(index)
-            if self.format.is_sharded:
-                yield from read_samples(self.format, unit)
-            else:
-                yield read_file_sample(unit)
+            yield from read_samples(self.format, unit)
 
     def _hinter(self, upcoming: Sequence[str]) -> PrefetchHinter | None:
         if not self.prefetch_ahead:

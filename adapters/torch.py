@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed
@@ -31,11 +31,16 @@ from adapters.mounts import client_for, manifest_root
 from adapters.prefetch import MountHints
 from adapters.reading import SampleReader
 from adapters.sharding import CoordinatorClient
-from adapters.shards import Sample, SampleFormat, read_file_sample
+from adapters.shards import Sample, SampleFormat, read_file_sample, read_file_samples
 from adapters.sources import ItemSource, ManifestSource, PrefixSource
 from adapters.splitting import ReaderSlot
 
+if TYPE_CHECKING:
+    from avafs.client import Client
+
 Transform = Callable[[Sample], Any]
+_UNRESOLVED = object()
+"""A map dataset's mount client before its first batch looked it up (None: not on a mount)."""
 
 
 class AvaMapDataset(torch.utils.data.Dataset):
@@ -47,6 +52,7 @@ class AvaMapDataset(torch.utils.data.Dataset):
             client_for(source.root, require_mount=True)
         self.source = source
         self.transform = transform
+        self._client: Client | None | object = _UNRESOLVED
 
     @classmethod
     def from_prefix(cls, path: str | os.PathLike[str], transform: Transform | None = None, *,
@@ -67,6 +73,17 @@ class AvaMapDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> Any:
         sample = read_file_sample(self.source.items()[index])
         return sample if self.transform is None else self.transform(sample)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """A DataLoader batch at once (torch calls this when a dataset has it), read through
+        the mount's daemon in a few requests instead of four FUSE round trips per file."""
+        if self._client is _UNRESOLVED:
+            self._client = client_for(self.source.root, require_mount=False)
+        items = self.source.items()
+        samples = read_file_samples([items[index] for index in indices], self._client)
+        if self.transform is None:
+            return list(samples)
+        return [self.transform(sample) for sample in samples]
 
 
 class PrefetchingSampler(torch.utils.data.Sampler[int]):

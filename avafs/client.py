@@ -7,12 +7,14 @@ so callers need to know nothing about cache dirs.
 
 from __future__ import annotations
 
+import errno
 import os
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from .control import call
+from .control import Connection, call
 from .errors import AvafsError
 from .manifest import ManifestError, read_manifest
 from .mounts import AVAFS_FSTYPE, containing_mount, mount_at
@@ -40,6 +42,18 @@ class Client:
                                   "gone)") from None
         entry = mount_at(self.mountpoint)
         self.root = entry.root.strip("/") if entry and entry.fstype == AVAFS_FSTYPE else ""
+        self._reads: Connection | None = None
+        self._reads_pid = 0
+        self._reads_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A client travels to DataLoader workers; its connection and lock stay behind."""
+        state = dict(self.__dict__)
+        state.update(_reads=None, _reads_pid=0, _reads_lock=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _reads_lock=threading.Lock())
 
     @classmethod
     def for_path(cls, path: str | os.PathLike) -> Client:
@@ -52,14 +66,19 @@ class Client:
 
     def relative(self, path: str | os.PathLike) -> str:
         """A path relative to the mount's root directory; relative input is taken as relative
-        to this client's mountpoint."""
-        candidate = Path(path)
-        if candidate.is_absolute():
-            absolute = Path(os.path.abspath(candidate))
-            if absolute != self.mountpoint and self.mountpoint not in absolute.parents:
+        to this client's mountpoint. String operations, not pathlib: batched reads call this
+        for every sample."""
+        text = os.fspath(path)
+        if os.path.isabs(text):
+            absolute = os.path.abspath(text)
+            base = str(self.mountpoint).rstrip("/")
+            if absolute != (base or "/") and not absolute.startswith(base + "/"):
                 raise AvafsError(f"{absolute} is not inside the mount {self.mountpoint}")
-            candidate = absolute.relative_to(self.mountpoint)
-        return (Path(self.root) / candidate).as_posix() if self.root else candidate.as_posix()
+            text = absolute[len(base) + 1:]
+        text = text.strip("/")
+        if self.root:
+            return f"{self.root}/{text}" if text else self.root
+        return text or "."
 
     def _items(self, paths: Iterable[str | os.PathLike],
                manifest: str | os.PathLike | None = None) -> list[dict[str, str]]:
@@ -97,6 +116,43 @@ class Client:
     def evict(self, paths: Iterable[str | os.PathLike]) -> dict[str, Any]:
         """Drop clean cached blocks of files (directories recursively)."""
         return self._call("evict", timeout=None, items=self._items(paths))
+
+    def read_files(self, paths: Iterable[str | os.PathLike]) -> list[bytes]:
+        """The whole contents of files, in one request to the daemon: what reading each file
+        through the mount gives, without FUSE's four round trips per file (the training
+        adapters' one-file samples). Raises the OSError that open() or read() would raise
+        for the first file that fails; files too large for one answer are read through the
+        mount."""
+        paths = list(paths)
+        if not paths:
+            return []
+        with self._reads_lock:
+            if self._reads is None or self._reads_pid != os.getpid():
+                self._reads = Connection(self.socket, timeout=None)
+                self._reads_pid = os.getpid()
+            try:
+                result, payload = self._reads.request(
+                    {"op": "read", "paths": [self.relative(path) for path in paths]},
+                    timeout=None)
+            except (AvafsError, OSError) as error:
+                self._reads.close()
+                self._reads = None
+                if isinstance(error, AvafsError):
+                    raise
+                raise AvafsError(f"the mount's daemon stopped answering on {self.socket}: "
+                                 f"{error}") from None
+        contents, offset = [], 0
+        for index, (path, size) in enumerate(zip(paths, result["sizes"], strict=True)):
+            failure = result["errors"].get(str(index))
+            if failure is None:
+                contents.append(payload[offset:offset + size])
+            elif failure[0] == errno.EFBIG:
+                with open(self.mountpoint / path, "rb", buffering=0) as file:
+                    contents.append(file.readall())
+            else:
+                raise OSError(failure[0], failure[1], os.fspath(path))
+            offset += size
+        return contents
 
     def flush(self, progress: Callable[[dict], None] | None = None) -> dict[str, Any]:
         """Upload everything written so far and wait until the store has it all."""

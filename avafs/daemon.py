@@ -23,6 +23,7 @@ import trio
 from .cache_dir import DISK_TIER_DIR, LOCK_FILE, PID_FILE, WRITEBACK_DIR, log_path
 from .control import SOCKET_NAME, ControlServer, Progress
 from .errors import AvafsError
+from .file_reads import FileReads
 from .fuse_ops import AvafsOperations
 from .metrics import Metrics
 from .mounts import AVAFS_FSTYPE, mount_at
@@ -114,6 +115,7 @@ class Filesystem:
                 "queued": self.prefetcher.submit(request["items"])},
             "evict": self._evict,
             "flush": self._flush,
+            "read": FileReads(self.namespace, self.stack, self.writeback).handle,
         })
         if options.metrics_addr:
             host, port = options.metrics_addr

@@ -26,7 +26,7 @@ from .namespace import ROOT_INODE, Entry, Namespace, Node, valid_name
 from .options import MountOptions
 from .tiers.blocks import block_span
 from .tiers.stack import ObjectRef, TierStack
-from .writeback.pending import COPY, DATA, Pending
+from .writeback.pending import DATA, Pending
 
 log = logging.getLogger(__name__)
 
@@ -231,10 +231,9 @@ class AvafsOperations(pyfuse3.Operations):
     async def _current_ref(self, node: Node) -> ObjectRef:
         """What reading the file means now: its clean version, revalidated after the TTL, or
         for a rename still being copied in the store, the version it was renamed from."""
-        pending = self.writeback.get(node.source, node.key) if self.writeback else None
-        if pending is not None and pending.kind == COPY:
-            store = self.namespace.stores[node.source]
-            return ObjectRef(store.url, store, pending.copy_from, pending.copy_etag, pending.size)
+        renamed = self.namespace.renamed_from(node.source, node.key)
+        if renamed is not None:
+            return renamed
         info = self.namespace.current_info(node)
         if not self.namespace.is_fresh(node.checked_at):
             info = await self._blocking(self.namespace.revalidate, node)

@@ -21,7 +21,7 @@ from .errors import StoreError
 from .stores.base import ObjectInfo, ObjectStore
 from .tiers.stack import ObjectRef
 from .writeback.manager import WriteBack, parent_prefix
-from .writeback.pending import DELETED, Pending
+from .writeback.pending import COPY, DELETED, Pending
 
 log = logging.getLogger(__name__)
 
@@ -360,6 +360,15 @@ class Namespace:
             node.info = info or node.info
             node.checked_at = self._clock()
         return info
+
+    def renamed_from(self, source: str, key: str) -> ObjectRef | None:
+        """For a file renamed while its copy in the store is pending, the version it was
+        renamed from: what reading the file means until the copy lands."""
+        state = self.writeback.get(source, key) if self.writeback is not None else None
+        if state is None or state.kind != COPY:
+            return None
+        store = self.stores[source]
+        return ObjectRef(store.url, store, state.copy_from, state.copy_etag, state.size)
 
     def object_ref(self, source: str, info: ObjectInfo) -> ObjectRef:
         """What the tiers read; blocks are named by the store's URL, not the directory name,

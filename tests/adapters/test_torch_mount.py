@@ -15,6 +15,7 @@ import torch
 from adapters_testlib import make_files, make_tar_shards, sample_payload, write_vector_samples
 from torch.utils.data import DataLoader, SequentialSampler
 
+from adapters.shards import FILE_BATCH
 from adapters.torch import AvaIterableDataset, AvaMapDataset, PrefetchingSampler
 from avafs.client import Client, NotAnAvafsMount
 
@@ -63,21 +64,22 @@ def test_tar_shards_stream_through_the_mount(tmp_path, mounted_bucket):
 
 def test_prefetch_hints_fetch_the_next_items_before_they_are_read(tmp_path, mounted_bucket,
                                                                    s3_server, bucket):
-    keys = make_files(tmp_path / "tree", 40)
+    keys = make_files(tmp_path / "tree", 2 * FILE_BATCH + 16)
     mnt = mounted_bucket(tmp_path / "tree")
     client = Client.for_path(mnt)
     samples = iter(AvaIterableDataset.from_prefix(mnt, prefetch_ahead=8))
-    assert next(samples)["__key__"] == keys[0]
+    assert next(samples)["__key__"] == keys[0]  # reads the first batch of files in one request
 
     wait_for_prefetched(client, 8)
     fetched = object_gets(s3_server, bucket)
-    assert set(keys[1:9]) <= set(fetched)  # the next 8, before the dataset opened them
-    assert not set(keys[9:]) & set(fetched)  # and nothing beyond the window
-    read = [next(samples) for _ in range(8)]
+    upcoming = keys[FILE_BATCH:FILE_BATCH + 8]
+    assert set(upcoming) <= set(fetched)  # the 8 after the batch, before the dataset read them
+    assert not set(keys[FILE_BATCH + 8:]) & set(fetched)  # and nothing beyond the window
+    read = [next(samples) for _ in range(FILE_BATCH + 7)][-8:]
     assert [sample["data"] for sample in read] == [sample_payload(int(key[-9:-4]))
-                                                  for key in keys[1:9]]
-    assert sorted(key for key in object_gets(s3_server, bucket) if key in keys[1:9]) \
-        == sorted(keys[1:9])  # reading them fetched nothing again
+                                                  for key in upcoming]
+    assert sorted(key for key in object_gets(s3_server, bucket) if key in upcoming) \
+        == sorted(upcoming)  # reading them fetched nothing again
 
 
 def test_prefetching_sampler_hints_a_map_style_dataset(tmp_path, mounted_bucket, s3_server,
