@@ -246,11 +246,14 @@ class WriteBack:
         with self.lock:
             if self._pending.get(entry.slot) is not entry:
                 return
-            self.journal.save([entry])
+            # Queued under the lock, so the journal keeps the order of changes; waited for
+            # outside it, so closes of other files join the same synced batch.
+            ticket = self.journal.submit([entry])
             entry.durable = True
             self._touch(entry)
             entry.awaited = self.sync_uploads
             self.changed.notify_all()
+        self.journal.wait(ticket)
         if self.sync_uploads:
             self.wait_settled([entry])
 
