@@ -26,7 +26,7 @@ from botocore.config import Config
 
 from ..errors import AvafsError, ObjectChangedError, StoreError
 from .base import Listing, ObjectInfo, ObjectStore
-from .s3_lean import Changed, LeanGets
+from .s3_lean import Changed, LeanRequests
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class S3Store(ObjectStore):
         self._probe_client = session.client("s3", config=Config(
             retries={"mode": "standard", "max_attempts": 2},
             connect_timeout=5, read_timeout=10), **common)
-        self._lean = LeanGets(self._client, session.get_credentials(), bucket)
+        self._lean = LeanRequests(self._client, session.get_credentials(), bucket)
 
     def _describe(self, error: Exception) -> str:
         if isinstance(error, botocore.exceptions.NoCredentialsError):
@@ -198,13 +198,17 @@ class S3Store(ObjectStore):
 
     def put(self, key: str, body: BinaryIO, size: int) -> ObjectInfo:
         """One PutObject below 64 MiB (its reply carries the ETag: one request per file, as
-        checkpoints and logs are mostly small), managed multipart above; both are atomic for
-        readers in S3."""
+        checkpoints and logs are mostly small; the lean path first), managed multipart above;
+        both are atomic for readers in S3."""
         try:
             if size < _TRANSFER.multipart_threshold:
-                reply = self._client.put_object(Bucket=self.bucket, Key=self.prefix + key,
-                                                Body=body.read())
-                return ObjectInfo(key, size, _etag(reply["ETag"]), time.time())
+                data = body.read()
+                etag = self._lean.put(self.prefix + key, data)
+                if etag is None:
+                    etag = _etag(self._client.put_object(Bucket=self.bucket,
+                                                         Key=self.prefix + key,
+                                                         Body=data)["ETag"])
+                return ObjectInfo(key, size, etag, time.time())
             self._client.upload_fileobj(body, self.bucket, self.prefix + key, Config=_TRANSFER)
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
             raise StoreError(self._describe(error)) from None
