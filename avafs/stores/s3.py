@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import time
+from dataclasses import replace
 from typing import BinaryIO
 from urllib.parse import urlsplit
 
@@ -108,6 +109,9 @@ class S3Store(ObjectStore):
             raise AvafsError(self._describe(error)) from None
 
     def list_dir(self, prefix: str) -> Listing:
+        listing = self._lean_list(prefix)
+        if listing is not None:
+            return listing
         prefixes: list[str] = []
         objects: list[ObjectInfo] = []
         skip = len(self.prefix)
@@ -123,6 +127,22 @@ class S3Store(ObjectStore):
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
             raise StoreError(self._describe(error)) from None
         return Listing(prefixes, objects)
+
+    def _lean_list(self, prefix: str) -> Listing | None:
+        """Every page through the lean path, or None to list again through boto3."""
+        prefixes: list[str] = []
+        objects: list[ObjectInfo] = []
+        skip = len(self.prefix)
+        token = None
+        while True:
+            page = self._lean.list_page(self.prefix + prefix, token)
+            if page is None:
+                return None
+            prefixes.extend(found[skip:] for found in page.prefixes)
+            objects.extend(replace(info, key=info.key[skip:]) for info in page.objects)
+            token = page.next_token
+            if token is None:
+                return Listing(prefixes, objects)
 
     def head(self, key: str) -> ObjectInfo | None:
         try:
