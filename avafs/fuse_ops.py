@@ -286,8 +286,11 @@ class AvafsOperations(pyfuse3.Operations):
         span = block_span(off, size, handle.ref.size, self.stack.block_size)
         if not span:
             return
-        sequential = span.start in (handle.next_block - 1, handle.next_block)
-        handle.next_block = span.stop
+        # The kernel's own read-ahead sends several READs at once, which may arrive out of
+        # order: a read inside what is already streaming is still sequential.
+        sequential = handle.next_block - 1 <= span.start <= max(handle.next_block,
+                                                                 handle.frontier)
+        handle.next_block = max(handle.next_block, span.stop) if sequential else span.stop
         read_ahead = self.options.read_ahead
         if not sequential or not read_ahead or handle.frontier - span.stop >= read_ahead:
             return
