@@ -273,6 +273,9 @@ class AvafsOperations(pyfuse3.Operations):
         if handle.ref is None:
             return os.pread(handle.fd, size, off)
         ref = handle.ref
+        data = self.stack.read_small(ref, off, size)
+        if data is not None:
+            return data
         self._read_ahead(handle, off, size)
         data = self.stack.read_from_ram(ref, off, size)
         if data is None:

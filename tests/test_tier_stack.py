@@ -85,3 +85,21 @@ def test_stream_mixes_promotion_and_one_request_for_the_gap(stack, ref):
 
     assert stack.metrics.value(stack.metrics.hits, "disk") == BLOCKS // 2
     assert _gets(stack) == requests + 1
+
+
+def test_small_objects_are_read_from_disk_in_the_callers_thread(tmp_path, stack):
+    bucket = tmp_path / "small-bucket"
+    bucket.mkdir()
+    data = os.urandom(10_000)
+    (bucket / "small").write_bytes(data)
+    store = InstrumentedStore(LocalStore(bucket), stack.metrics)
+    info = store.head("small")
+    small = ObjectRef(store.url, store, "small", info.etag, info.size)
+    assert stack.read_small(small, 0, 100) is None  # in no tier: never waits for the store
+    stack.load(small, 0, to_ram=False)
+    gets = _gets(stack)
+
+    assert stack.read_small(small, 100, 50) == data[100:150]
+    assert stack.is_cached(small, 0, "ram")
+    assert stack.metrics.value(stack.metrics.hits, "disk") == 1
+    assert _gets(stack) == gets
