@@ -136,8 +136,12 @@ class LeanRequests:
         """Sign and send; None on any transport failure (the caller falls back)."""
         S3SigV4Auth(self._credentials.get_frozen_credentials(), "s3",
                     self._region).add_auth(request)
+        prepared = request.prepare()
+        # urllib3 copies the headers of every request; botocore's case-insensitive mapping
+        # copies item by item, a plain dict at C speed.
+        prepared.headers = dict(prepared.headers.items())
         try:
-            return self._client._endpoint.http_session.send(request.prepare())
+            return self._client._endpoint.http_session.send(prepared)
         except botocore.exceptions.BotoCoreError:
             return None
 
