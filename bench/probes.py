@@ -4,12 +4,15 @@
     python3 bench/probes.py read-size   # reads through avafs with 128 KiB vs 1 MiB FUSE reads
     python3 bench/probes.py requests    # FUSE requests per small file, cold and warm (strace)
     python3 bench/probes.py reads       # avafs alone: cold, warm and remount reads, in a minute
+    python3 bench/probes.py pyfuse3-ceiling   # small files/s of a pyfuse3 fs that does nothing
 
 They measure what a change to avafs would buy before it is made: `ranges` shows what a
 larger fetch unit gives a sequential reader, `read-size` raises the mount's read-ahead
 through sysfs (what avafs could do itself after mounting) and reads data held in the RAM
 tier, `requests` counts the daemon's replies on /dev/fuse per file read, `reads` is the
-read half of the benchmark for avafs alone, to try a change to the read path quickly.
+read half of the benchmark for avafs alone, to try a change to the read path quickly, and
+`pyfuse3-ceiling` reads 16 KiB files, 8 at a time, from `trivial_fs.py`, which answers from
+memory: the most small files a second any pyfuse3 file system can serve on this machine.
 """
 
 from __future__ import annotations
@@ -174,8 +177,32 @@ def probe_reads(server: s3server.MotoServer, workdir: Path) -> None:
         print(f"{label:24} {median(rates):8.0f}  (rounds: {', '.join(f'{r:.0f}' for r in rates)})")
 
 
+def probe_pyfuse3_ceiling(server: s3server.MotoServer, workdir: Path) -> None:
+    mountpoint = workdir / "trivial"
+    mountpoint.mkdir()
+    files = 2000
+    process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("trivial_fs.py")),
+                                str(mountpoint), str(files)])
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.ismount(mountpoint):
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise SystemExit("the trivial pyfuse3 file system did not mount")
+            time.sleep(0.1)
+        names = [f"f{index}" for index in range(files)]
+        rates = []
+        for _ in range(ROUNDS + 1):
+            _, seconds = read_all(mountpoint, names, threads=8)
+            rates.append(files / seconds)
+        print(f"pyfuse3 ceiling, 16 KiB files, 8 readers: {median(rates[1:]):6.0f} files/s  "
+              f"(first pass {rates[0]:.0f}; rounds: {', '.join(f'{r:.0f}' for r in rates[1:])})")
+    finally:
+        subprocess.run(["fusermount3", "-u", str(mountpoint)], check=False)
+        process.wait(timeout=30)
+
+
 PROBES = {"ranges": probe_ranges, "read-size": probe_read_size, "requests": probe_requests,
-          "reads": probe_reads}
+          "reads": probe_reads, "pyfuse3-ceiling": probe_pyfuse3_ceiling}
 
 
 def main() -> int:
