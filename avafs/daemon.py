@@ -147,7 +147,7 @@ class Filesystem:
         if not request.get("background"):
             while job.finished_at is None:
                 progress(job.as_dict())
-                time.sleep(0.5)
+                self.warmups.wait(job, 0.5)
         return job.as_dict()
 
     def _evict(self, request: dict, progress: Progress) -> dict:

@@ -95,6 +95,7 @@ class WarmupRunner:
         self.metrics = metrics
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
+        self._finished = threading.Condition()
         self.jobs: dict[int, WarmupState] = {}
 
     def start(self, items: list[dict[str, str]], threads: int, tier: str) -> WarmupState:
@@ -108,6 +109,13 @@ class WarmupRunner:
         threading.Thread(target=self._run, args=(state, items, threads), daemon=True,
                          name=f"avafs-warmup-{state.id}").start()
         return state
+
+    def wait(self, state: WarmupState, timeout: float) -> None:
+        """Until the warmup finishes or `timeout` passes, whichever is first (a warmup command
+        reports progress in between, and returns as soon as its warmup is done)."""
+        with self._finished:
+            if state.finished_at is None:
+                self._finished.wait(timeout)
 
     def running(self) -> list[WarmupState]:
         with self._lock:
@@ -124,6 +132,8 @@ class WarmupRunner:
             state.state = "failed"
         finally:
             state.finished_at = time.time()
+            with self._finished:
+                self._finished.notify_all()
             log.info("warmup %d %s: %d files (%d bytes) loaded, %d already cached, %d skipped "
                      "for space, %d failed", state.id, state.state, state.files_done,
                      state.bytes_done, state.files_already_cached,
