@@ -3,11 +3,13 @@
 Why: botocore spends about 2 ms of CPU on every get_object or put_object (endpoint rules,
 event hooks, parameter validation, header parsing), and parses a 1000-key LIST page into
 dicts with dateutil; on a loaded machine that CPU is taken from the readers, the writers and
-the server (LIST parsing was 83% of the first walk of a tree). The same request, signed with botocore's own SigV4 signer and sent over the
-client's own HTTP session (its connection pool, proxies, CA bundle and timeouts), costs a
-fraction of that. Only the answer we expect is handled here: anything else (an error status,
-a redirect, a dropped connection) returns None, and the caller repeats the request through the
-full client, which owns retries, redirects and error reporting.
+the server (LIST parsing was 83% of the first walk of a tree). The same request, signed with
+botocore's own SigV4 signer and sent over the client's own HTTP session (its connection pool,
+proxies, CA bundle and timeouts), costs a fraction of that. Only the answer we expect is
+handled here: anything else (an error status, a redirect, a dropped connection) returns None,
+and the caller repeats the request through the full client, which owns retries, redirects and
+error reporting. An answer that says the lean path itself is wrong (a redirect or a 400, as
+for a bucket in another region than the client's) turns the lean path off for the mount.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ OK = 200
 PARTIAL_CONTENT = 206
 CHANGED = (404, 412)
 """A vanished key or a failed If-Match: the version being read is gone."""
+WRONG_PATH = (301, 307, 400)
+"""Answers that would repeat on every lean request (the bucket lives elsewhere, the request
+is malformed for this server): boto3, which follows redirects, takes over for good."""
 _S3 = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 
 
@@ -97,7 +102,6 @@ class LeanRequests:
             raise Changed()
         return None
 
-
     def put(self, key: str, data: bytes) -> str | None:
         """Store an object in one PutObject; its ETag, or None when the full client should
         do it. Content-MD5 lets the server refuse a body damaged on the way (over HTTPS the
@@ -141,9 +145,15 @@ class LeanRequests:
         # copies item by item, a plain dict at C speed.
         prepared.headers = dict(prepared.headers.items())
         try:
-            return self._client._endpoint.http_session.send(prepared)
+            response = self._client._endpoint.http_session.send(prepared)
         except botocore.exceptions.BotoCoreError:
             return None
+        if response.status_code in WRONG_PATH:
+            log.info("lean requests disabled: the store answered %d; every request goes "
+                     "through boto3", response.status_code)
+            self._usable = False
+            self._base = None
+        return response
 
 
 def _parse_list_page(document: bytes) -> ListPage:

@@ -74,13 +74,13 @@ class Journal:
                     return
                 operations, self._queue = self._queue, []
                 ticket = self._submitted
-            batch = WriteBatch(raw_mode=True)
-            for key, record in operations:
-                if record is None:
-                    batch.delete(key)
-                else:
-                    batch.put(key, record)
             try:
+                batch = WriteBatch(raw_mode=True)
+                for key, record in operations:
+                    if record is None:
+                        batch.delete(key)
+                    else:
+                        batch.put(key, record)
                 self._db.write(batch, self._unsynced)
                 self._db.flush_wal(True)
             except Exception as error:  # noqa: BLE001 - every waiter gets it
