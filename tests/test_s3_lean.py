@@ -1,0 +1,53 @@
+"""The lean S3 request path against real HTTP: what it handles itself, and when it steps aside
+for boto3 (the full client keeps retries, redirects and error messages)."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from collections.abc import Iterator
+
+import boto3
+import pytest
+from support import TEST_CREDENTIALS
+
+from avafs.stores.s3_lean import LeanRequests
+
+
+class _Redirecting(http.server.BaseHTTPRequestHandler):
+    """A server that answers every request as S3 does for a bucket in another region."""
+
+    requests: list[str] = []
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        self.requests.append(self.path)
+        body = b"<Error><Code>PermanentRedirect</Code></Error>"
+        self.send_response(301)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        return
+
+
+@pytest.fixture
+def redirecting_endpoint() -> Iterator[str]:
+    _Redirecting.requests = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Redirecting)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_redirect_hands_every_later_request_to_boto3(redirecting_endpoint):
+    session = boto3.session.Session(aws_access_key_id=TEST_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                                    aws_secret_access_key=TEST_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+                                    region_name="us-east-1")
+    client = session.client("s3", endpoint_url=redirecting_endpoint)
+    lean = LeanRequests(client, session.get_credentials(), "bucket")
+
+    assert lean.open("key", 0, 10, "etag") is None
+    assert lean.list_page("", None) is None
+    assert len(_Redirecting.requests) == 1, "after the redirect, nothing is sent on the lean path"
