@@ -1,11 +1,12 @@
 """Whole-file reads in batches over the control socket, for readers of many small files.
 
 Why: through FUSE every file costs a lookup, an open, a read, a flush and a release, each a
-round trip through the kernel and pyfuse3's request loop; that caps a mount near 5-7k small
-files a second whatever the reader does (a trivial pyfuse3 file system serving 16 KiB files
-from memory peaks near 7k here, local disk serves 17k). The training adapters read one-file
-samples here instead, one request per batch. The answer is what reading each file through
-the mount gives: the same namespace and pending writes, the same tiers and counters.
+round trip through the kernel and pyfuse3's request loop; that caps a mount near 10k small
+files a second whatever the reader does (`bench/probes.py pyfuse3-ceiling`: a pyfuse3 file
+system serving 16 KiB files from memory, 8.7-11.3k here; local disk serves 17k and more).
+The training adapters read one-file samples here instead, one request per batch. The answer
+is what reading each file through the mount gives: the same namespace and pending writes,
+the same tiers and counters.
 """
 
 from __future__ import annotations
