@@ -309,8 +309,10 @@ class AvafsOperations(pyfuse3.Operations):
         if not handle.writable:
             raise pyfuse3.FUSEError(errno.EBADF)
         await self._apply_back_pressure()
-        self.writeback.wrote(handle.pending, off + len(buf))
-        return os.pwrite(handle.fd, buf, off)
+        self.writeback.wrote(handle.pending, off, off + len(buf))
+        written = os.pwrite(handle.fd, buf, off)
+        self.writeback.appended(handle.pending, off, off + written)
+        return written
 
     async def _apply_back_pressure(self) -> None:
         """Past the dirty watermark writers wait for uploads instead of failing; ENOSPC only

@@ -29,10 +29,43 @@ class Listing:
     objects: list[ObjectInfo]
 
 
+Part = dict[str, object]
+"""What completing a multipart upload needs to know of one uploaded part (opaque to callers)."""
+
+
+class MultipartUploads(ABC):
+    """Uploads sent part by part as the data appears (S3's multipart upload), which lets a file
+    go to the store while it is still being written. Parts are numbered from 1; every part but
+    the last holds at least 5 MiB."""
+
+    @abstractmethod
+    def start_upload(self, key: str) -> str:
+        """Begin an upload of `key`; its upload id."""
+
+    @abstractmethod
+    def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> Part:
+        """Send part `number`; what `complete_upload` needs of it."""
+
+    @abstractmethod
+    def complete_upload(self, key: str, upload_id: str, parts: list[Part],
+                        size: int) -> ObjectInfo:
+        """Make `parts` (in part-number order, `size` bytes in all) the object `key`,
+        atomically for readers."""
+
+    @abstractmethod
+    def abort_upload(self, key: str, upload_id: str) -> None:
+        """Drop the upload and its parts; the object stays as it was."""
+
+
 class ObjectStore(ABC):
     """A bucket (or a prefix of one); keys are relative to the store's root."""
 
     url: str
+
+    def multipart(self) -> MultipartUploads | None:
+        """Part-by-part uploads, where the store has them; without them a written file is
+        uploaded whole after it is closed."""
+        return None
 
     @abstractmethod
     def check(self) -> None:

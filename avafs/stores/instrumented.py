@@ -7,15 +7,16 @@ from collections.abc import Callable
 from typing import BinaryIO, TypeVar
 
 from ..metrics import Metrics
-from .base import Listing, ObjectInfo, ObjectStore
+from .base import Listing, MultipartUploads, ObjectInfo, ObjectStore, Part
 
 T = TypeVar("T")
 
 
-class InstrumentedStore(ObjectStore):
+class InstrumentedStore(ObjectStore, MultipartUploads):
     def __init__(self, inner: ObjectStore, metrics: Metrics) -> None:
         self.inner = inner
         self.url = inner.url
+        self._parts = inner.multipart()
         self._metrics = metrics
 
     def _timed(self, operation: str, call: Callable[[], T]) -> T:
@@ -52,3 +53,21 @@ class InstrumentedStore(ObjectStore):
 
     def copy(self, source_key: str, key: str, etag: str) -> ObjectInfo:
         return self._timed("copy", lambda: self.inner.copy(source_key, key, etag))
+
+    def multipart(self) -> MultipartUploads | None:
+        return self if self._parts is not None else None
+
+    def start_upload(self, key: str) -> str:
+        return self._timed("start_upload", lambda: self._parts.start_upload(key))
+
+    def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> Part:
+        return self._timed("upload_part",
+                           lambda: self._parts.upload_part(key, upload_id, number, data))
+
+    def complete_upload(self, key: str, upload_id: str, parts: list[Part],
+                        size: int) -> ObjectInfo:
+        return self._timed("complete_upload",
+                           lambda: self._parts.complete_upload(key, upload_id, parts, size))
+
+    def abort_upload(self, key: str, upload_id: str) -> None:
+        self._timed("abort_upload", lambda: self._parts.abort_upload(key, upload_id))

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import BinaryIO
 from urllib.parse import urlsplit
@@ -26,7 +27,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
 from ..errors import AvafsError, ObjectChangedError, StoreError
-from .base import Listing, ObjectInfo, ObjectStore
+from .base import Listing, MultipartUploads, ObjectInfo, ObjectStore, Part
 from .s3_lean import Changed, LeanRequests
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ def _etag(raw: str) -> str:
     return raw.strip('"')
 
 
-class S3Store(ObjectStore):
+class S3Store(ObjectStore, MultipartUploads):
     def __init__(self, bucket: str, prefix: str, endpoint_url: str | None,
                  region: str | None, max_connections: int = 64) -> None:
         self.bucket = bucket
@@ -240,11 +241,57 @@ class S3Store(ObjectStore):
             raise StoreError(f"{self.url}{key} is missing right after its upload")
         return info
 
-    def delete(self, key: str) -> None:
+    @contextlib.contextmanager
+    def _store_errors(self) -> Iterator[None]:
+        """boto3's errors as StoreError with a message fit for users."""
         try:
-            self._client.delete_object(Bucket=self.bucket, Key=self.prefix + key)
+            yield
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
             raise StoreError(self._describe(error)) from None
+
+    def delete(self, key: str) -> None:
+        with self._store_errors():
+            self._client.delete_object(Bucket=self.bucket, Key=self.prefix + key)
+
+    # --- part-by-part uploads --------------------------------------------------------------
+
+    def multipart(self) -> MultipartUploads:
+        return self
+
+    def _checksum(self) -> dict[str, str]:
+        """CRC32 part checksums where the client computes them by default, as s3transfer does
+        (a part sent with a checksum must be completed with it)."""
+        if self._client.meta.config.request_checksum_calculation == "when_supported":
+            return {"ChecksumAlgorithm": "CRC32"}
+        return {}
+
+    def start_upload(self, key: str) -> str:
+        with self._store_errors():
+            return self._client.create_multipart_upload(
+                Bucket=self.bucket, Key=self.prefix + key, **self._checksum())["UploadId"]
+
+    def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> Part:
+        with self._store_errors():
+            reply = self._client.upload_part(Bucket=self.bucket, Key=self.prefix + key,
+                                             UploadId=upload_id, PartNumber=number, Body=data,
+                                             **self._checksum())
+        part: Part = {"PartNumber": number, "ETag": reply["ETag"]}
+        if "ChecksumCRC32" in reply:
+            part["ChecksumCRC32"] = reply["ChecksumCRC32"]
+        return part
+
+    def complete_upload(self, key: str, upload_id: str, parts: list[Part],
+                        size: int) -> ObjectInfo:
+        with self._store_errors():
+            reply = self._client.complete_multipart_upload(
+                Bucket=self.bucket, Key=self.prefix + key, UploadId=upload_id,
+                MultipartUpload={"Parts": parts})
+        return ObjectInfo(key, size, _etag(reply["ETag"]), time.time())
+
+    def abort_upload(self, key: str, upload_id: str) -> None:
+        with self._store_errors():
+            self._client.abort_multipart_upload(Bucket=self.bucket, Key=self.prefix + key,
+                                                UploadId=upload_id)
 
     def copy(self, source_key: str, key: str, etag: str) -> ObjectInfo:
         """Managed copy (multipart above 64 MiB), only of the version that was renamed."""

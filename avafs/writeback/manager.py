@@ -29,6 +29,7 @@ from ..tiers.disk import DiskTier, allocated
 from ..tiers.stack import ObjectRef, TierStack
 from .journal import Journal
 from .pending import COPY, DATA, DELETED, Pending
+from .streaming import StreamUploads
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,8 @@ class WriteBack:
         self.sync_uploads = sync_uploads
         self.delay = delay
         self.on_settled: Settled = lambda source, key, info: None
+        self.streams: StreamUploads | None = None
+        """Uploads of files while they are written, where the stores take parts."""
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
         self._pending: dict[tuple[str, str], Pending] = {}
@@ -98,6 +101,7 @@ class WriteBack:
             self._file_refs[entry.file] += 1
         old = self._pending.get(entry.slot)
         if old is not None:
+            self._stop_streaming(old)
             self._forget_size(old)
             if old.file:
                 self._release_file(old.file)
@@ -112,6 +116,7 @@ class WriteBack:
             return
         del self._pending[entry.slot]
         del self._order[entry.slot]
+        self._stop_streaming(entry)
         self._forget_size(entry)
         keys = self._by_dir.get((entry.source, parent_prefix(entry.key)))
         if keys is not None:
@@ -138,6 +143,11 @@ class WriteBack:
         self._forget_size(entry)
         entry.size = size
         self.dirty_bytes += self._dirty_size(entry)
+
+    def _stop_streaming(self, entry: Pending) -> None:
+        entry.appended_to = None
+        if entry.stream is not None and self.streams is not None:
+            self.streams.cancel(entry)
 
     def _touch(self, entry: Pending) -> None:
         """A change restarts the entry's write-back delay: it moves to the back of the order."""
@@ -203,14 +213,17 @@ class WriteBack:
             entry = self._next(source, key, DATA, file=name,
                                size=0 if truncate or base is None else base.size)
             entry.writers = 1
+            entry.appended_to = entry.size
             self._index(entry)
             self._account()
             return entry
 
-    def wrote(self, entry: Pending, end: int) -> None:
-        """Account a write that ended at byte `end` (called before the data is written, so an
+    def wrote(self, entry: Pending, start: int, end: int) -> None:
+        """Account a write of bytes `start` to `end` (called before the data is written, so an
         upload in flight can tell its snapshot is stale)."""
         with self.lock:
+            if entry.stream is not None and start < entry.stream.sent:
+                self._stop_streaming(entry)
             entry.generation += 1
             entry.durable = False
             entry.mtime = time.time()
@@ -219,8 +232,25 @@ class WriteBack:
                 self._resize(entry, end)
                 self._account()
 
+    def appended(self, entry: Pending, start: int, end: int) -> None:
+        """Follow a file written front to back once the write from `start` to `end` is in the
+        data file: its finished parts can go to the store now."""
+        with self.lock:
+            if entry.appended_to is None:
+                return
+            if start > entry.appended_to:
+                self._stop_streaming(entry)
+                return
+            entry.appended_to = max(entry.appended_to, end)
+            if self.streams is not None:
+                self.streams.grew(entry)
+
     def truncated(self, entry: Pending, size: int) -> None:
         with self.lock:
+            if entry.stream is not None and size < entry.stream.sent:
+                self._stop_streaming(entry)
+            elif entry.appended_to is not None:
+                entry.appended_to = min(entry.appended_to, size)
             entry.generation += 1
             entry.durable = False
             entry.mtime = time.time()

@@ -11,6 +11,10 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .streaming import Stream
 
 DATA = "data"
 DELETED = "deleted"
@@ -40,6 +44,11 @@ class Pending:
     uploading: bool = False
     awaited: bool = False
     """A close() waits for this upload (--writeback sync): upload it though still open."""
+    appended_to: int | None = None
+    """Where the writes so far end, while they came front to back (each starting at or before
+    the end of the previous ones); None once one skipped ahead or a stream was cancelled."""
+    stream: Stream | None = None
+    """The upload of this file in progress while it is written (streaming.py)."""
 
     @property
     def slot(self) -> tuple[str, str]:

@@ -3,7 +3,9 @@
 Retries never give up: a failed upload is retried with exponential backoff (capped at 30 s)
 for as long as the daemon runs, and stays in the journal across restarts. An upload reads the
 local file through a guard that aborts it if the file is written meanwhile, so the store never
-gets a snapshot mixing two versions; the key simply stays pending and goes again.
+gets a snapshot mixing two versions; the key simply stays pending and goes again. A file
+streamed while it was written (streaming.py) is finished instead, or uploaded whole if its
+stream cannot complete.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import BinaryIO
 from ..stores.base import ObjectStore
 from .manager import WriteBack
 from .pending import COPY, DATA, DELETED, Pending
+from .streaming import StreamUploads
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,8 @@ class Uploader:
     def __init__(self, writeback: WriteBack, stores: dict[str, ObjectStore], workers: int) -> None:
         self.writeback = writeback
         self.stores = stores
+        self.streams = StreamUploads(writeback.data_dir, stores, writeback.lock)
+        writeback.streams = self.streams
         self._stopping = False
         self._threads = [threading.Thread(target=self._work, daemon=True,
                                           name=f"avafs-upload-{number}")
@@ -95,6 +100,10 @@ class Uploader:
         if entry.kind == COPY:
             return store.copy(entry.copy_from, entry.key, entry.copy_etag)
         assert entry.kind == DATA
+        if entry.stream is not None:
+            info = self.streams.finish(entry, generation)
+            if info is not None:
+                return info
         path = self.writeback.data_path(entry)
         if path is None:
             return store.put(entry.key, io.BytesIO(b""), 0)
@@ -107,3 +116,4 @@ class Uploader:
             self.writeback.changed.notify_all()
         for thread in self._threads:
             thread.join(timeout=30)
+        self.streams.stop()

@@ -1,0 +1,191 @@
+"""Upload while writing: a file written front to back goes to the store part by part as it
+grows, so it is durable in the store about when its last part is, not one whole upload after
+its close.
+
+Why it is safe: a part is read from the local data file only once the writer has gone past its
+end, and any later write or truncate below what was handed to parts cancels the stream, after
+which the file is uploaded whole after close like any other. Only the uploader completes a
+stream, after close, with the entry's generation unchanged (the check a whole upload gets).
+Nothing here is journaled: a crash loses the parts sent, never data (the journaled file is
+uploaded whole by the next mount); the store drops the orphaned parts by its lifecycle rule
+(AbortIncompleteMultipartUpload), as after any interrupted multipart upload.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from pathlib import Path
+
+from ..errors import StoreError
+from ..stores.base import MultipartUploads, ObjectInfo, ObjectStore, Part
+from .pending import DATA, Pending
+
+log = logging.getLogger(__name__)
+
+STREAM_FROM = 64 * 2**20
+"""Files start streaming once this long: below it a file goes up in one PutObject after close
+(the same threshold as a whole file's multipart upload)."""
+PART_SIZE = 8 * 2**20
+PARTS_IN_FLIGHT = 8
+"""As many parts in flight as a whole file's managed upload (and the direct upload) uses."""
+
+
+def part_size(number: int) -> int:
+    """Parts double in size every 1000: 8 MiB parts up to 8 GiB, and S3's 10,000 parts
+    reach past its 5 TiB object limit though the final size is unknown while writing."""
+    return PART_SIZE << ((number - 1) // 1000)
+
+
+class StreamCancelled(Exception):
+    """The file changed below what was handed to parts; this stream must not complete."""
+
+
+class Stream:
+    """One file's multipart upload in progress."""
+
+    def __init__(self, uploads: MultipartUploads, key: str, fd: int,
+                 created: Future[str]) -> None:
+        self.uploads = uploads
+        self.key = key
+        self.fd = fd
+        """The data file, read by parts: open, it outlives an unlink or a rename of the file."""
+        self.created = created
+        """The upload id, once the store answered."""
+        self.sent = 0
+        """Bytes handed to parts: a write below this cancels the stream."""
+        self.parts: list[Future[Part]] = []
+        self.cancelled = False
+
+
+class StreamUploads:
+    """The streams of one mount's written files; `lock` is the write-back's lock, which
+    guards every entry's `stream` and `appended_to`."""
+
+    def __init__(self, data_dir: Path, stores: dict[str, ObjectStore],
+                 lock: threading.RLock) -> None:
+        self._data_dir = data_dir
+        self._stores = stores
+        self._lock = lock
+        self._pool = ThreadPoolExecutor(PARTS_IN_FLIGHT, thread_name_prefix="avafs-part")
+        self._active: set[Stream] = set()
+
+    def grew(self, entry: Pending) -> None:
+        """Hand the parts the writer has gone past to the pool (called with the lock held,
+        after each write of a file written front to back)."""
+        stream = entry.stream
+        if stream is None:
+            uploads = self._stores[entry.source].multipart()
+            if uploads is None or entry.kind != DATA or not entry.file or \
+                    entry.appended_to < STREAM_FROM:
+                return
+            fd = os.open(self._data_dir / entry.file, os.O_RDONLY)
+            stream = Stream(uploads, entry.key, fd,
+                            self._pool.submit(uploads.start_upload, entry.key))
+            entry.stream = stream
+            self._active.add(stream)
+        self._send(stream, entry.appended_to, last=False)
+
+    def _send(self, stream: Stream, end: int, last: bool) -> None:
+        """Parts up to `end`; with `last`, the bytes short of a full part too."""
+        while stream.sent < end:
+            length = part_size(len(stream.parts) + 1)
+            if stream.sent + length > end:
+                if not last:
+                    return
+                length = end - stream.sent
+            stream.parts.append(self._pool.submit(self._upload_part, stream,
+                                                  len(stream.parts) + 1, stream.sent, length))
+            stream.sent += length
+
+    def _upload_part(self, stream: Stream, number: int, offset: int, length: int) -> Part:
+        if stream.cancelled:
+            raise StreamCancelled(stream.key)
+        upload_id = stream.created.result()
+        data = os.pread(stream.fd, length, offset)
+        if len(data) != length:
+            raise StreamCancelled(stream.key)
+        return stream.uploads.upload_part(stream.key, upload_id, number, data)
+
+    def cancel(self, entry: Pending) -> None:
+        """Stop streaming `entry` for good (called with the lock held): its file is no longer
+        written front to back, or it is gone. Its upload is aborted in the background."""
+        entry.appended_to = None
+        stream, entry.stream = entry.stream, None
+        if stream is not None:
+            self._drop(stream)
+
+    def _drop(self, stream: Stream) -> None:
+        if not stream.cancelled:
+            stream.cancelled = True
+            self._pool.submit(self._abort, stream)
+
+    def _abort(self, stream: Stream) -> None:
+        """Abort after the parts in flight have ended: a part that lands after the abort would
+        be kept by the store."""
+        wait(stream.parts)
+        try:
+            stream.uploads.abort_upload(stream.key, stream.created.result())
+        except Exception as error:  # noqa: BLE001 - the store's lifecycle rule is the fallback
+            log.warning("could not abort the multipart upload of %s (%s); its parts stay until "
+                        "the bucket's lifecycle rule removes them", stream.key, error)
+        finally:
+            self._close(stream)
+
+    def _close(self, stream: Stream) -> None:
+        os.close(stream.fd)
+        with self._lock:
+            self._active.discard(stream)
+
+    def finish(self, entry: Pending, generation: int) -> ObjectInfo | None:
+        """Send the rest of the file and complete its upload (in an uploader thread, after the
+        file was closed); None if `entry` has no stream that can complete, so the caller
+        uploads the file whole. Raises StoreError if the store failed the upload."""
+        with self._lock:
+            stream = entry.stream
+            if stream is None:
+                return None
+            size = entry.size
+            if size < stream.sent:
+                self.cancel(entry)
+                return None
+            self._send(stream, size, last=True)
+        try:
+            parts = [part.result() for part in stream.parts]
+            upload_id = stream.created.result()
+        except StreamCancelled:
+            self._give_up(entry, stream)
+            return None
+        except Exception as error:
+            self._give_up(entry, stream)
+            raise StoreError(f"streamed upload of {entry.key} failed: {error}") from None
+        with self._lock:
+            if stream.cancelled or entry.generation != generation:
+                self._give_up(entry, stream)
+                return None
+            entry.stream = None
+        try:
+            info = stream.uploads.complete_upload(stream.key, upload_id, parts, size)
+        except Exception:
+            self._give_up(entry, stream)
+            raise
+        self._close(stream)
+        return info
+
+    def _give_up(self, entry: Pending, stream: Stream) -> None:
+        """The stream will not complete: abort it; the file goes up whole instead."""
+        with self._lock:
+            if entry.stream is stream:
+                self.cancel(entry)
+            else:
+                self._drop(stream)
+
+    def stop(self) -> None:
+        """Abort the streams of files still open at unmount; what they wrote stays journaled
+        (if committed) and goes up whole with the next mount."""
+        with self._lock:
+            for stream in list(self._active):
+                self._drop(stream)
+        self._pool.shutdown(wait=True)

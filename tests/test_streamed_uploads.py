@@ -1,0 +1,157 @@
+"""Upload while writing: large files written front to back reach the store part by part while
+still open, and anything that breaks that order falls back to a whole upload after close."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+import pytest
+from datasets import payload, sha256
+from support import unmount
+from test_write_path import store_bytes
+
+from avafs.client import Client
+from avafs.processes import wait_for_exit
+from avafs.writeback.streaming import part_size
+
+MiB = 2**20
+
+
+@pytest.fixture
+def s3_mount(s3_server, bucket, mount):
+    def _mount(*args: str, endpoint: str | None = None, **kwargs):
+        return mount(f"s3://{bucket}", "--endpoint-url", endpoint or s3_server.endpoint,
+                     "--writeback-delay", "0.2", *args, **kwargs)
+    return _mount
+
+
+def uploads_in_progress(server, bucket: str) -> list[dict]:
+    return server.client().list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+
+
+def wait_for_parts(server, bucket: str, key: str, count: int, timeout: float = 60) -> None:
+    """Until the store holds `count` parts of the (single) upload of `key` in progress."""
+    client = server.client()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for upload in uploads_in_progress(server, bucket):
+            if upload["Key"] == key:
+                parts = client.list_parts(Bucket=bucket, Key=key, UploadId=upload["UploadId"])
+                if len(parts.get("Parts", [])) >= count:
+                    return
+        time.sleep(0.1)
+    raise AssertionError(f"{count} parts of {key} never reached the store")
+
+
+def wait_until_no_uploads(server, bucket: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while uploads_in_progress(server, bucket):
+        assert time.monotonic() < deadline, uploads_in_progress(server, bucket)
+        time.sleep(0.1)
+
+
+def write(file, data: bytes) -> None:
+    for offset in range(0, len(data), MiB):
+        file.write(data[offset:offset + MiB])
+    file.flush()
+
+
+def test_part_sizes_reach_past_the_largest_object_in_ten_thousand_parts():
+    assert part_size(1) == part_size(1000) == 8 * MiB
+    assert sum(part_size(number) for number in range(1, 10_001)) > 5 * 2**40
+    assert max(part_size(number) for number in range(1, 10_001)) <= 5 * 2**30
+
+
+def test_parts_reach_the_store_while_the_file_is_still_open(s3_server, bucket, s3_mount):
+    mnt = s3_mount()
+    data = payload(3, 90 * MiB + 123)
+    with open(mnt / "ckpt.pt", "wb") as file:
+        write(file, data[:80 * MiB])
+        wait_for_parts(s3_server, bucket, "ckpt.pt", 10)
+        write(file, data[80 * MiB:])
+    Client(mnt).flush()
+    assert sha256(store_bytes(s3_server, bucket, "ckpt.pt")) == sha256(data)
+    head = s3_server.client().head_object(Bucket=bucket, Key="ckpt.pt")
+    assert head["ETag"].strip('"').endswith("-12")  # 11 parts of 8 MiB and the rest
+    assert head["ContentLength"] == len(data)
+    assert uploads_in_progress(s3_server, bucket) == []
+    assert sha256((mnt / "ckpt.pt").read_bytes()) == sha256(data)
+
+
+def test_a_write_below_the_streamed_parts_uploads_the_file_whole(s3_server, bucket, s3_mount):
+    """A writer that goes back (a header written last, as zip writers do) must not leave the
+    store with the first version of the bytes it rewrote."""
+    mnt = s3_mount()
+    data = bytearray(payload(4, 72 * MiB))
+    with open(mnt / "model.zip", "wb") as file:
+        write(file, bytes(data))
+        wait_for_parts(s3_server, bucket, "model.zip", 8)
+        file.seek(100)
+        file.write(b"header written last")
+        data[100:119] = b"header written last"
+        file.seek(len(data))
+        write(file, b"tail" * 1000)
+        data += b"tail" * 1000
+    Client(mnt).flush()
+    assert sha256(store_bytes(s3_server, bucket, "model.zip")) == sha256(bytes(data))
+    wait_until_no_uploads(s3_server, bucket)
+
+
+def test_truncate_below_the_streamed_parts_uploads_the_file_whole(s3_server, bucket, s3_mount):
+    mnt = s3_mount()
+    data = payload(5, 80 * MiB)
+    with open(mnt / "log.bin", "wb") as file:
+        write(file, data)
+        wait_for_parts(s3_server, bucket, "log.bin", 9)
+        file.truncate(10 * MiB)
+    Client(mnt).flush()
+    assert sha256(store_bytes(s3_server, bucket, "log.bin")) == sha256(data[:10 * MiB])
+    wait_until_no_uploads(s3_server, bucket)
+
+
+def test_renaming_a_file_being_streamed(s3_server, bucket, s3_mount):
+    mnt = s3_mount()
+    data = payload(6, 75 * MiB)
+    with open(mnt / "tmp.pt", "wb") as file:
+        write(file, data[:70 * MiB])
+        wait_for_parts(s3_server, bucket, "tmp.pt", 8)
+        os.rename(mnt / "tmp.pt", mnt / "final.pt")
+        write(file, data[70 * MiB:])
+    Client(mnt).flush()
+    assert sha256(store_bytes(s3_server, bucket, "final.pt")) == sha256(data)
+    assert "Contents" not in s3_server.client().list_objects_v2(Bucket=bucket, Prefix="tmp")
+    wait_until_no_uploads(s3_server, bucket)
+
+
+def test_store_failing_while_parts_go_up_loses_nothing(s3_server, bucket, s3_mount, proxy):
+    mnt = s3_mount(endpoint=proxy.endpoint)
+    data = payload(7, 80 * MiB)
+    with open(mnt / "ckpt.pt", "wb") as file:
+        write(file, data[:66 * MiB])
+        proxy.mode = "503"
+        write(file, data[66 * MiB:])
+    time.sleep(3)
+    proxy.mode = "pass"
+    Client(mnt).flush()
+    assert sha256(store_bytes(s3_server, bucket, "ckpt.pt")) == sha256(data)
+
+
+def test_daemon_killed_mid_stream_then_remount_uploads_the_fsynced_file(s3_server, bucket,
+                                                                       s3_mount):
+    mnt = s3_mount("--writeback-delay", "3600")
+    data = payload(8, 70 * MiB)
+    file = open(mnt / "ckpt.pt", "wb")  # noqa: SIM115 - left open: the daemon dies under it
+    write(file, data)
+    os.fsync(file.fileno())
+    wait_for_parts(s3_server, bucket, "ckpt.pt", 8)
+    pid = int(os.getxattr(mnt, "user.avafs.pid"))
+    os.kill(pid, 9)
+    wait_for_exit(pid, 30)
+    with contextlib.suppress(OSError):  # the daemon is gone: close() cannot reach it
+        file.close()
+    unmount(mnt)
+    mnt = s3_mount("--writeback-delay", "3600", mountpoint=mnt)
+    Client(mnt).flush()
+    assert sha256(store_bytes(s3_server, bucket, "ckpt.pt")) == sha256(data)
