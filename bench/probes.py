@@ -5,6 +5,7 @@
     python3 bench/probes.py requests    # FUSE requests per small file, cold and warm (strace)
     python3 bench/probes.py reads       # avafs alone: cold, warm and remount reads, in a minute
     python3 bench/probes.py pyfuse3-ceiling   # small files/s of a pyfuse3 fs that does nothing
+    python3 bench/probes.py writes      # 1 GiB written until durable: avafs vs direct upload
 
 They measure what a change to avafs would buy before it is made: `ranges` shows what a
 larger fetch unit gives a sequential reader, `read-size` raises the mount's read-ahead
@@ -13,6 +14,8 @@ tier, `requests` counts the daemon's replies on /dev/fuse per file read, `reads`
 read half of the benchmark for avafs alone, to try a change to the read path quickly, and
 `pyfuse3-ceiling` reads 16 KiB files, 8 at a time, from `trivial_fs.py`, which answers from
 memory: the most small files a second any pyfuse3 file system can serve on this machine.
+`writes` is the benchmark's large write alone: the write and the flush through avafs, and
+the direct upload of the same bytes, round after round.
 """
 
 from __future__ import annotations
@@ -32,8 +35,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import s3server  # noqa: E402
-from common import MiB, drop_page_cache, make_dataset, median, read_all, write_local  # noqa: E402
+from common import (  # noqa: E402
+    MiB,
+    drop_page_cache,
+    make_dataset,
+    median,
+    read_all,
+    timed,
+    write_local,
+)
 from mounts import AvafsMount, cpu_seconds, unmount_everything  # noqa: E402
+from workloads import WritePlan  # noqa: E402
 
 ROUNDS = 3
 
@@ -201,8 +213,37 @@ def probe_pyfuse3_ceiling(server: s3server.MotoServer, workdir: Path) -> None:
         process.wait(timeout=30)
 
 
+def probe_writes(server: s3server.MotoServer, workdir: Path) -> None:
+    """1 GiB written sequentially in 1 MiB writes, then the mount's flush (the time until
+    durable in the store), against boto3's managed upload of the same file from local disk."""
+    plan = WritePlan.make(2**30, 0, 0)
+    source = workdir / "large.bin"
+    plan.write_source(source)
+    mount = AvafsMount(server, workdir / "mnt", 2**30, 10 * 2**30)
+    mount.mount(workdir / "cache")
+    rates: dict[str, list[float]] = {"avafs": [], "direct": []}
+    try:
+        for number in range(ROUNDS):
+            key = plan.large_name(f"probe-r{number}")
+            written = plan.write_large(mount.mountpoint / key, durable=False)
+            flushed = timed(lambda: mount.flush(300, lambda: True))
+            rates["avafs"].append(plan.large_size / (written + flushed) / 1e6)
+            print(f"round {number}: avafs write {written:.1f} s + flush {flushed:.1f} s",
+                  flush=True)
+            seconds = timed(lambda key=key: s3server.upload_large(server.client(),
+                                                                  key + ".direct", source))
+            rates["direct"].append(plan.large_size / seconds / 1e6)
+    finally:
+        mount.unmount()
+    for name, values in rates.items():
+        print(f"{name:7} {median(values):6.1f} MB/s  (rounds: "
+              f"{', '.join(f'{value:.1f}' for value in values)})")
+    print(f"ratio   {median(rates['avafs']) / median(rates['direct']):.2f}x direct")
+
+
 PROBES = {"ranges": probe_ranges, "read-size": probe_read_size, "requests": probe_requests,
-          "reads": probe_reads, "pyfuse3-ceiling": probe_pyfuse3_ceiling}
+          "reads": probe_reads, "pyfuse3-ceiling": probe_pyfuse3_ceiling,
+          "writes": probe_writes}
 
 
 def main() -> int:
