@@ -14,6 +14,8 @@ from test_write_path import store_bytes
 
 from avafs.client import Client
 from avafs.processes import wait_for_exit
+from avafs.writeback.journal import Journal
+from avafs.writeback.pending import DATA, Pending
 from avafs.writeback.streaming import part_size
 
 MiB = 2**20
@@ -62,6 +64,21 @@ def test_part_sizes_reach_past_the_largest_object_in_ten_thousand_parts():
     assert part_size(1) == part_size(1000) == 8 * MiB
     assert sum(part_size(number) for number in range(1, 10_001)) > 5 * 2**40
     assert max(part_size(number) for number in range(1, 10_001)) <= 5 * 2**30
+
+
+def test_journal_keeps_unfinished_uploads_apart_from_pending_states(tmp_path):
+    journal = Journal(tmp_path / "journal")
+    journal.save([Pending("bucket", "a/b.pt", DATA, 1, file="f1")])
+    journal.upload_started("bucket", "a/b.pt", "upload-1")
+    journal.upload_started("bucket", "c.pt", "upload-2")
+    journal.upload_ended("bucket", "c.pt", "upload-2")
+    journal.close()
+    reopened = Journal(tmp_path / "journal")
+    try:
+        assert [entry.key for entry in reopened.load()] == ["a/b.pt"]
+        assert reopened.load_uploads() == [("bucket", "a/b.pt", "upload-1")]
+    finally:
+        reopened.close()
 
 
 def test_parts_reach_the_store_while_the_file_is_still_open(s3_server, bucket, s3_mount):
@@ -152,6 +169,8 @@ def test_daemon_killed_mid_stream_then_remount_uploads_the_fsynced_file(s3_serve
     with contextlib.suppress(OSError):  # the daemon is gone: close() cannot reach it
         file.close()
     unmount(mnt)
+    assert len(uploads_in_progress(s3_server, bucket)) == 1
     mnt = s3_mount("--writeback-delay", "3600", mountpoint=mnt)
     Client(mnt).flush()
     assert sha256(store_bytes(s3_server, bucket, "ckpt.pt")) == sha256(data)
+    wait_until_no_uploads(s3_server, bucket)  # the next mount aborted the one left unfinished

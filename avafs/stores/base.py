@@ -54,7 +54,8 @@ class MultipartUploads(ABC):
 
     @abstractmethod
     def abort_upload(self, key: str, upload_id: str) -> None:
-        """Drop the upload and its parts; the object stays as it was."""
+        """Drop the upload and its parts; the object stays as it was. An upload that no
+        longer exists (completed or aborted already) is not an error."""
 
 
 class ObjectStore(ABC):

@@ -289,9 +289,14 @@ class S3Store(ObjectStore, MultipartUploads):
         return ObjectInfo(key, size, _etag(reply["ETag"]), time.time())
 
     def abort_upload(self, key: str, upload_id: str) -> None:
+        """An upload that no longer exists (completed or aborted already) is not an error."""
         with self._store_errors():
-            self._client.abort_multipart_upload(Bucket=self.bucket, Key=self.prefix + key,
-                                                UploadId=upload_id)
+            try:
+                self._client.abort_multipart_upload(Bucket=self.bucket, Key=self.prefix + key,
+                                                    UploadId=upload_id)
+            except botocore.exceptions.ClientError as error:
+                if _code(error) not in ("NoSuchUpload", "404"):
+                    raise
 
     def copy(self, source_key: str, key: str, etag: str) -> ObjectInfo:
         """Managed copy (multipart above 64 MiB), only of the version that was renamed."""

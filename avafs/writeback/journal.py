@@ -9,17 +9,34 @@ writes everything queued as one synced batch, so many files closed at once cost 
 fsync, not one each (the synced write also holds the GIL: it was 22-29% of the write-path
 profiles). Removals after an upload are queued without waiting: lost in a crash, they make
 the next mount upload the file again, which is idempotent.
+
+Multipart uploads started while files are written (streaming.py) are recorded too, under keys
+of their own, so the next mount can abort those a crash left unfinished instead of leaving
+their parts in the bucket.
 """
 
 from __future__ import annotations
 
 import errno
+import itertools
 import threading
 from pathlib import Path
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from .pending import Pending, journal_key
+
+_UPLOAD = b"\x01upload\0"
+"""Prefix of the records of multipart uploads in progress (no state key starts with it)."""
+
+
+def _upload_record(source: str, key: str, upload_id: str) -> bytes:
+    return _UPLOAD + f"{source}\0{key}\0{upload_id}".encode()
+
+
+def _upload_fields(record: bytes) -> tuple[str, str, str]:
+    source, key, upload_id = record[len(_UPLOAD):].decode().split("\0")
+    return source, key, upload_id
 
 
 class Journal:
@@ -38,8 +55,27 @@ class Journal:
         self._writer.start()
 
     def load(self) -> list[Pending]:
-        return sorted((Pending.from_record(raw) for raw in self._db.values()),
-                      key=lambda entry: entry.seq)
+        return sorted((Pending.from_record(raw) for key, raw in self._db.items()
+                       if not key.startswith(_UPLOAD)), key=lambda entry: entry.seq)
+
+    def load_uploads(self) -> list[tuple[str, str, str]]:
+        """(source, key, upload id) of the multipart uploads the last mount left open."""
+        records = itertools.takewhile(lambda record: record.startswith(_UPLOAD),
+                                      self._db.keys(from_key=_UPLOAD))
+        return [_upload_fields(record) for record in records]
+
+    def upload_started(self, source: str, key: str, upload_id: str) -> None:
+        """Record an upload in progress (written with the next batch, not waited for)."""
+        self._enqueue(_upload_record(source, key, upload_id), b"")
+
+    def upload_ended(self, source: str, key: str, upload_id: str) -> None:
+        self._enqueue(_upload_record(source, key, upload_id), None)
+
+    def _enqueue(self, key: bytes, record: bytes | None) -> None:
+        with self._changed:
+            self._queue.append((key, record))
+            self._submitted += 1
+            self._changed.notify_all()
 
     def submit(self, entries: list[Pending], removed: list[Pending] = ()) -> int:
         """Queue a change (its records are taken now); returns the ticket to wait for."""

@@ -6,9 +6,9 @@ Why it is safe: a part is read from the local data file only once the writer has
 end, and any later write or truncate below what was handed to parts cancels the stream, after
 which the file is uploaded whole after close like any other. Only the uploader completes a
 stream, after close, with the entry's generation unchanged (the check a whole upload gets).
-Nothing here is journaled: a crash loses the parts sent, never data (the journaled file is
-uploaded whole by the next mount); the store drops the orphaned parts by its lifecycle rule
-(AbortIncompleteMultipartUpload), as after any interrupted multipart upload.
+A crash loses the parts sent, never data: the journaled file is uploaded whole by the next
+mount, which also aborts the uploads the journal lists as started and not ended, so no parts
+are left behind in the bucket.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..errors import StoreError
 from ..stores.base import MultipartUploads, ObjectInfo, ObjectStore, Part
+from .journal import Journal
 from .pending import DATA, Pending
 
 log = logging.getLogger(__name__)
@@ -46,9 +47,10 @@ class StreamCancelled(Exception):
 class Stream:
     """One file's multipart upload in progress."""
 
-    def __init__(self, uploads: MultipartUploads, key: str, fd: int,
+    def __init__(self, uploads: MultipartUploads, source: str, key: str, fd: int,
                  created: Future[str]) -> None:
         self.uploads = uploads
+        self.source = source
         self.key = key
         self.fd = fd
         """The data file, read by parts: open, it outlives an unlink or a rename of the file."""
@@ -64,13 +66,30 @@ class StreamUploads:
     """The streams of one mount's written files; `lock` is the write-back's lock, which
     guards every entry's `stream` and `appended_to`."""
 
-    def __init__(self, data_dir: Path, stores: dict[str, ObjectStore],
-                 lock: threading.RLock) -> None:
+    def __init__(self, data_dir: Path, stores: dict[str, ObjectStore], lock: threading.RLock,
+                 journal: Journal) -> None:
         self._data_dir = data_dir
         self._stores = stores
         self._lock = lock
+        self._journal = journal
         self._pool = ThreadPoolExecutor(PARTS_IN_FLIGHT, thread_name_prefix="avafs-part")
         self._active: set[Stream] = set()
+        for source, key, upload_id in journal.load_uploads():
+            self._pool.submit(self._abort_left_over, source, key, upload_id)
+
+    def _abort_left_over(self, source: str, key: str, upload_id: str) -> None:
+        """An upload a crash (or a failed abort) left unfinished: its file, if it was
+        committed, is uploaded whole from the journal instead."""
+        uploads = self._stores[source].multipart() if source in self._stores else None
+        if uploads is None:
+            return
+        try:
+            uploads.abort_upload(key, upload_id)
+        except Exception as error:  # noqa: BLE001 - retried by the next mount
+            log.warning("could not abort the unfinished multipart upload of %s (%s); the next "
+                        "mount tries again", key, error)
+            return
+        self._journal.upload_ended(source, key, upload_id)
 
     def grew(self, entry: Pending) -> None:
         """Hand the parts the writer has gone past to the pool (called with the lock held,
@@ -82,11 +101,16 @@ class StreamUploads:
                     entry.appended_to < STREAM_FROM:
                 return
             fd = os.open(self._data_dir / entry.file, os.O_RDONLY)
-            stream = Stream(uploads, entry.key, fd,
-                            self._pool.submit(uploads.start_upload, entry.key))
+            stream = Stream(uploads, entry.source, entry.key, fd,
+                            self._pool.submit(self._start, uploads, entry.source, entry.key))
             entry.stream = stream
             self._active.add(stream)
         self._send(stream, entry.appended_to, last=False)
+
+    def _start(self, uploads: MultipartUploads, source: str, key: str) -> str:
+        upload_id = uploads.start_upload(key)
+        self._journal.upload_started(source, key, upload_id)
+        return upload_id
 
     def _send(self, stream: Stream, end: int, last: bool) -> None:
         """Parts up to `end`; with `last`, the bytes short of a full part too."""
@@ -127,14 +151,24 @@ class StreamUploads:
         be kept by the store."""
         wait(stream.parts)
         try:
-            stream.uploads.abort_upload(stream.key, stream.created.result())
-        except Exception as error:  # noqa: BLE001 - the store's lifecycle rule is the fallback
-            log.warning("could not abort the multipart upload of %s (%s); its parts stay until "
-                        "the bucket's lifecycle rule removes them", stream.key, error)
-        finally:
+            upload_id = stream.created.result()
+        except Exception:  # noqa: BLE001 - never started: nothing to abort
             self._close(stream)
+            return
+        try:
+            stream.uploads.abort_upload(stream.key, upload_id)
+        except Exception as error:  # noqa: BLE001 - the journal keeps it for the next mount
+            log.warning("could not abort the multipart upload of %s (%s); the next mount tries "
+                        "again", stream.key, error)
+            self._close(stream)
+            return
+        self._close(stream, upload_id)
 
-    def _close(self, stream: Stream) -> None:
+    def _close(self, stream: Stream, ended: str | None = None) -> None:
+        """Let go of the stream's file; `ended` is its upload id once the store has no
+        unfinished upload for it any more."""
+        if ended is not None:
+            self._journal.upload_ended(stream.source, stream.key, ended)
         os.close(stream.fd)
         with self._lock:
             self._active.discard(stream)
@@ -171,7 +205,7 @@ class StreamUploads:
         except Exception:
             self._give_up(entry, stream)
             raise
-        self._close(stream)
+        self._close(stream, upload_id)
         return info
 
     def _give_up(self, entry: Pending, stream: Stream) -> None:

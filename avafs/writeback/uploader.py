@@ -62,7 +62,8 @@ class Uploader:
     def __init__(self, writeback: WriteBack, stores: dict[str, ObjectStore], workers: int) -> None:
         self.writeback = writeback
         self.stores = stores
-        self.streams = StreamUploads(writeback.data_dir, stores, writeback.lock)
+        self.streams = StreamUploads(writeback.data_dir, stores, writeback.lock,
+                                     writeback.journal)
         writeback.streams = self.streams
         self._stopping = False
         self._threads = [threading.Thread(target=self._work, daemon=True,
