@@ -193,6 +193,24 @@ def test_writeback_sync_uploads_before_close_returns(s3_server, bucket, s3_mount
     assert store_bytes(s3_server, bucket, "now.txt") == b"durable in the store at close"
 
 
+def test_writeback_sync_keeps_writes_made_after_an_fsync(s3_server, bucket, s3_mount):
+    """fsync() uploads an open file in sync mode; what the writer adds afterwards is kept and
+    uploaded too (it used to be dropped: the upload settled the file while it was open)."""
+    mnt = s3_mount("--writeback", "sync")
+    with open(mnt / "log.txt", "wb") as file:
+        file.write(b"first ")
+        file.flush()
+        os.fsync(file.fileno())
+        assert store_bytes(s3_server, bucket, "log.txt") == b"first "
+        file.write(b"second")
+        file.flush()
+        assert (mnt / "log.txt").read_bytes() == b"first second"
+    assert store_bytes(s3_server, bucket, "log.txt") == b"first second"
+    assert (mnt / "log.txt").read_bytes() == b"first second"
+    Client(mnt).flush()
+    assert Client(mnt).status()["dirty"]["files"] == 0
+
+
 def test_umount_flushes_and_no_flush_resumes_at_next_mount(s3_server, bucket, s3_mount,
                                                           tmp_path):
     mnt = s3_mount("--writeback-delay", "30")

@@ -291,7 +291,17 @@ class WriteBack:
         with self.lock:
             entry.writers = max(0, entry.writers - 1)
             self._touch(entry)
+            closed_as_stored = not entry.writers and self._stored(entry) and \
+                self._pending.get(entry.slot) is entry
+            if closed_as_stored:
+                self._settle(entry)
             self.changed.notify_all()
+        if closed_as_stored:
+            self.on_settled(entry.source, entry.key, entry.stored_info)
+
+    @staticmethod
+    def _stored(entry: Pending) -> bool:
+        return entry.stored_generation == entry.generation
 
     # --- namespace changes ---------------------------------------------------------------------
 
@@ -372,7 +382,7 @@ class WriteBack:
                 if not hurry and not entry.awaited and now - entry.changed_at < self.delay:
                     return None
                 if entry.uploading or not entry.durable or entry.next_attempt > now or \
-                        (entry.writers and not entry.awaited):
+                        (entry.writers and not entry.awaited) or self._stored(entry):
                     continue
                 if any((entry.source, other) in self._pending for other in entry.wait_for):
                     continue
@@ -388,12 +398,19 @@ class WriteBack:
             if current is not entry or entry.generation != generation:
                 self.changed.notify_all()
                 return False
-            self.journal.remove(entry)
-            self._unindex(entry)
-            self._account()
+            if entry.writers:
+                entry.stored_generation, entry.stored_info = generation, info
+                self.changed.notify_all()
+                return True
+            self._settle(entry)
             self.changed.notify_all()
         self.on_settled(entry.source, entry.key, info)
         return True
+
+    def _settle(self, entry: Pending) -> None:
+        self.journal.remove(entry)
+        self._unindex(entry)
+        self._account()
 
     def failed(self, entry: Pending, error: Exception) -> None:
         with self.lock:
@@ -418,7 +435,8 @@ class WriteBack:
     def wait_settled(self, entries: list[Pending], timeout: float | None = None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.lock:
-            while any(self._pending.get(entry.slot) is entry for entry in entries):
+            while any(self._pending.get(entry.slot) is entry and not self._stored(entry)
+                      for entry in entries):
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False

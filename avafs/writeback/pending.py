@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ..stores.base import ObjectInfo
     from .streaming import Stream
 
 DATA = "data"
@@ -49,6 +50,11 @@ class Pending:
     the end of the previous ones); None once one skipped ahead or a stream was cancelled."""
     stream: Stream | None = None
     """The upload of this file in progress while it is written (streaming.py)."""
+    stored_generation: int | None = None
+    """The generation the store has while the file is still open (--writeback sync uploads at
+    every fsync): the entry stays the key's state, as its writer may go on, and settles at its
+    last close if nothing changed since."""
+    stored_info: ObjectInfo | None = None
 
     @property
     def slot(self) -> tuple[str, str]:
