@@ -100,7 +100,12 @@ class StreamUploads:
             if uploads is None or entry.kind != DATA or not entry.file or \
                     entry.appended_to < STREAM_FROM:
                 return
-            fd = os.open(self._data_dir / entry.file, os.O_RDONLY)
+            try:
+                fd = os.open(self._data_dir / entry.file, os.O_RDONLY)
+            except OSError as error:  # the write itself succeeded: upload the file whole later
+                log.warning("cannot stream %s while it is written: %s", entry.key, error)
+                entry.appended_to = None
+                return
             stream = Stream(uploads, entry.source, entry.key, fd,
                             self._pool.submit(self._start, uploads, entry.source, entry.key))
             entry.stream = stream
