@@ -5,7 +5,9 @@ its close.
 Why it is safe: a part is read from the local data file only once the writer has gone past its
 end, and any later write or truncate below what was handed to parts cancels the stream, after
 which the file is uploaded whole after close like any other. Only the uploader completes a
-stream, after close, with the entry's generation unchanged (the check a whole upload gets).
+stream, once the file is committed, with the entry's generation unchanged (the check a whole
+upload gets).
+
 A crash loses the parts sent, never data: the journaled file is uploaded whole by the next
 mount, which also aborts the uploads the journal lists as started and not ended, so no parts
 are left behind in the bucket.
@@ -179,9 +181,10 @@ class StreamUploads:
             self._active.discard(stream)
 
     def finish(self, entry: Pending, generation: int) -> ObjectInfo | None:
-        """Send the rest of the file and complete its upload (in an uploader thread, after the
-        file was closed); None if `entry` has no stream that can complete, so the caller
-        uploads the file whole. Raises StoreError if the store failed the upload."""
+        """Send the rest of the file and complete its upload (in an uploader thread, once the
+        file was committed: closed, or fsync'ed under --writeback sync); None if `entry` has no
+        stream that can complete, so the caller uploads the file whole. Raises StoreError if
+        the store failed the upload."""
         with self._lock:
             stream = entry.stream
             if stream is None:
