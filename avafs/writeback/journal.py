@@ -66,23 +66,21 @@ class Journal:
 
     def upload_started(self, source: str, key: str, upload_id: str) -> None:
         """Record an upload in progress (written with the next batch, not waited for)."""
-        self._enqueue(_upload_record(source, key, upload_id), b"")
+        self._enqueue([(_upload_record(source, key, upload_id), b"")])
 
     def upload_ended(self, source: str, key: str, upload_id: str) -> None:
-        self._enqueue(_upload_record(source, key, upload_id), None)
-
-    def _enqueue(self, key: bytes, record: bytes | None) -> None:
-        with self._changed:
-            self._queue.append((key, record))
-            self._submitted += 1
-            self._changed.notify_all()
+        self._enqueue([(_upload_record(source, key, upload_id), None)])
 
     def submit(self, entries: list[Pending], removed: list[Pending] = ()) -> int:
         """Queue a change (its records are taken now); returns the ticket to wait for."""
+        return self._enqueue(
+            [(journal_key(entry.source, entry.key), None) for entry in removed]
+            + [(journal_key(entry.source, entry.key), entry.record()) for entry in entries])
+
+    def _enqueue(self, operations: list[tuple[bytes, bytes | None]]) -> int:
+        """Queue puts (a record) and deletes (None) to be written as one; returns the ticket."""
         with self._changed:
-            self._queue.extend((journal_key(entry.source, entry.key), None) for entry in removed)
-            self._queue.extend((journal_key(entry.source, entry.key), entry.record())
-                               for entry in entries)
+            self._queue.extend(operations)
             self._submitted += 1
             self._changed.notify_all()
             return self._submitted
