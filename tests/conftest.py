@@ -67,6 +67,16 @@ def mount(tmp_path) -> Iterator[Callable[..., Path]]:
 
 
 @pytest.fixture
+def s3_mount(s3_server, bucket, mount) -> Callable[..., Path]:
+    """s3_mount(*args, endpoint=None, **mount_kwargs): a mount of the test bucket with a short
+    write-back delay, through `endpoint` (a fault proxy) if given."""
+    def _mount(*args: str, endpoint: str | None = None, **kwargs) -> Path:
+        return mount(f"s3://{bucket}", "--endpoint-url", endpoint or s3_server.endpoint,
+                     "--writeback-delay", "0.2", *args, **kwargs)
+    return _mount
+
+
+@pytest.fixture
 def proxy(s3_server) -> Iterator[FaultProxy]:
     """A fault-injecting TCP proxy in front of the S3 server (modes: pass, 503, refuse, cut)."""
     server = FaultProxy(s3_server.port)

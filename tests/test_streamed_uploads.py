@@ -7,7 +7,6 @@ import contextlib
 import os
 import time
 
-import pytest
 from datasets import payload, sha256
 from support import unmount
 from test_write_path import store_bytes
@@ -19,14 +18,6 @@ from avafs.writeback.pending import DATA, Pending
 from avafs.writeback.streaming import part_size
 
 MiB = 2**20
-
-
-@pytest.fixture
-def s3_mount(s3_server, bucket, mount):
-    def _mount(*args: str, endpoint: str | None = None, **kwargs):
-        return mount(f"s3://{bucket}", "--endpoint-url", endpoint or s3_server.endpoint,
-                     "--writeback-delay", "0.2", *args, **kwargs)
-    return _mount
 
 
 def uploads_in_progress(server, bucket: str) -> list[dict]:

@@ -30,14 +30,6 @@ def store_keys(server, bucket: str, prefix: str = "") -> set[str]:
     return {entry["Key"] for page in pages for entry in page.get("Contents", ())}
 
 
-@pytest.fixture
-def s3_mount(s3_server, bucket, mount):
-    def _mount(*args: str, endpoint: str | None = None, **kwargs):
-        return mount(f"s3://{bucket}", "--endpoint-url", endpoint or s3_server.endpoint,
-                     "--writeback-delay", "0.2", *args, **kwargs)
-    return _mount
-
-
 def test_large_sequential_write_round_trip(s3_server, bucket, s3_mount):
     mnt = s3_mount()
     data = payload(1, 70 * MiB + 17)
