@@ -119,7 +119,7 @@ class S3Store(ObjectStore, MultipartUploads):
         prefixes: list[str] = []
         objects: list[ObjectInfo] = []
         skip = len(self.prefix)
-        try:
+        with self._store_errors():
             pages = self._client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=self.prefix + prefix, Delimiter="/")
             for page in pages:
@@ -128,8 +128,6 @@ class S3Store(ObjectStore, MultipartUploads):
                     ObjectInfo(entry["Key"][skip:], entry["Size"], _etag(entry["ETag"]),
                                entry["LastModified"].timestamp())
                     for entry in page.get("Contents", ()))
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
-            raise StoreError(self._describe(error)) from None
         return Listing(prefixes, objects)
 
     def _lean_list(self, prefix: str) -> Listing | None:
@@ -224,7 +222,7 @@ class S3Store(ObjectStore, MultipartUploads):
         """One PutObject below 64 MiB (its reply carries the ETag: one request per file, as
         checkpoints and logs are mostly small; the lean path first), managed multipart above;
         both are atomic for readers in S3."""
-        try:
+        with self._store_errors():
             if size < _TRANSFER.multipart_threshold:
                 data = body.read()
                 etag = self._lean.put(self.prefix + key, data)
@@ -234,8 +232,6 @@ class S3Store(ObjectStore, MultipartUploads):
                                                          Body=data)["ETag"])
                 return ObjectInfo(key, size, etag, time.time())
             self._client.upload_fileobj(body, self.bucket, self.prefix + key, Config=_TRANSFER)
-        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
-            raise StoreError(self._describe(error)) from None
         info = self.head(key)
         if info is None:
             raise StoreError(f"{self.url}{key} is missing right after its upload")
