@@ -64,12 +64,15 @@ class FileReads:
         if info is None:
             return _error(errno.EISDIR)
         state = self.writeback.get(source, key) if self.writeback is not None else None
+        plan: ObjectRef | Pending
         if state is not None and state.kind == DATA:
-            return state
-        ref = self.namespace.renamed_from(source, key) or self.namespace.object_ref(source, info)
-        if ref.size > MAX_FILE:
+            plan = state
+        else:
+            plan = self.namespace.renamed_from(source, key) or \
+                self.namespace.object_ref(source, info)
+        if plan.size > MAX_FILE:
             return OSError(errno.EFBIG, f"larger than {MAX_FILE} bytes: open it")
-        return ref
+        return plan
 
     def _read(self, plan: ObjectRef | Pending | OSError) -> bytes:
         if isinstance(plan, OSError):
