@@ -25,6 +25,9 @@ from .writeback.pending import DATA, Pending
 MAX_FILE = 64 * 2**20
 """Larger files are left to the mount (EFBIG), where they are read in pieces as they are used."""
 
+Plan = ObjectRef | Pending | OSError
+"""Where a file's bytes are: a version in the tiers, a local file not yet uploaded, or an error."""
+
 
 class FileReads:
     def __init__(self, namespace: Namespace, stack: TierStack, writeback: WriteBack | None) -> None:
@@ -35,8 +38,9 @@ class FileReads:
     def handle(self, request: dict[str, Any], progress: object) -> WithPayload:
         """The "read" control operation: {"paths": [...]} -> sizes, per-path errors (errno and
         message, by position) and the files' bytes one after the other."""
-        paths = request["paths"]
-        plans: list[ObjectRef | Pending | OSError] = [self._plan(path) for path in paths]
+        listings: dict = {}
+        plans: list[bytes | Plan] = [
+            self._from_ram(self._plan(path, listings)) for path in request["paths"]]
         for plan in plans:
             if isinstance(plan, ObjectRef):
                 self.stack.stream(plan, 0, self.stack.block_count(plan))
@@ -44,17 +48,17 @@ class FileReads:
         errors: dict[str, tuple[int, str]] = {}
         for index, plan in enumerate(plans):
             try:
-                payload.append(self._read(plan))
+                payload.append(plan if isinstance(plan, bytes) else self._read(plan))
             except OSError as error:
                 payload.append(b"")
                 errors[str(index)] = (error.errno or errno.EIO, error.strerror or str(error))
         return WithPayload({"sizes": [len(data) for data in payload], "errors": errors},
                            payload)
 
-    def _plan(self, path: str) -> ObjectRef | Pending | OSError:
+    def _plan(self, path: str, listings: dict) -> Plan:
         """Where the file's bytes are now; an error (as a value) for what cannot be read."""
         try:
-            source, key, info = self.namespace.resolve(path)
+            source, key, info = self.namespace.resolve(path, listings)
         except FileNotFoundError:
             return _error(errno.ENOENT)
         except IsADirectoryError:
@@ -74,16 +78,21 @@ class FileReads:
             return OSError(errno.EFBIG, f"larger than {MAX_FILE} bytes: open it")
         return plan
 
-    def _read(self, plan: ObjectRef | Pending | OSError) -> bytes:
+    def _from_ram(self, plan: Plan) -> bytes | Plan:
+        """A warm file's bytes at once; anything else is left to load (and stream) first."""
+        if not isinstance(plan, ObjectRef):
+            return plan
+        if plan.size == 0:
+            return b""
+        return self.stack.read_from_ram(plan, 0, plan.size) or plan
+
+    def _read(self, plan: Plan) -> bytes:
         if isinstance(plan, OSError):
             raise plan
         if isinstance(plan, Pending):
             return self._read_local(plan)
-        if plan.size == 0:
-            return b""
         try:
-            return self.stack.read_from_ram(plan, 0, plan.size) or \
-                self.stack.read(plan, 0, plan.size)
+            return self.stack.read(plan, 0, plan.size)
         except ObjectChangedError as error:
             raise OSError(errno.ESTALE, str(error)) from None
         except AvafsError as error:

@@ -42,11 +42,12 @@ class Metrics:
                                   registry=r)
         self.upload_failures = Counter("avafs_upload_failures", "Upload attempts that failed "
                                        "(each is retried)", registry=r)
+        # Children looked up once: labels() costs microseconds, and reads count every block.
+        self.tier_hits = {tier: self.hits.labels(tier) for tier in TIERS}
+        self.served_from = {source: self.bytes_served.labels(source)
+                            for source in ("ram", "disk", "store")}
         for tier in TIERS:
-            self.hits.labels(tier)
             self.evictions.labels(tier)
-        for source in ("ram", "disk", "store"):
-            self.bytes_served.labels(source)
 
     def value(self, metric: Counter | Gauge, *labels: str) -> float:
         """Current value of a counter or gauge (children by label values)."""

@@ -378,9 +378,14 @@ class Namespace:
 
     # --- paths, for the control plane ------------------------------------------------------
 
-    def resolve(self, relative: str) -> tuple[str, str, ObjectInfo | None]:
+    def resolve(self, relative: str, listings: dict[tuple[str, str], _Listing] | None = None
+                ) -> tuple[str, str, ObjectInfo | None]:
         """(source, key, info) of a file or (source, prefix, None) of a directory, by its path
-        relative to the mount; raises FileNotFoundError. Creates no inodes."""
+        relative to the mount; raises FileNotFoundError. Creates no inodes.
+
+        `listings` keeps the directories looked up for a batch of paths, so a batch of
+        samples from one directory merges that directory's pending writes once, not once per
+        path (the batched reads' largest cost)."""
         parts = [part for part in relative.split("/") if part not in ("", ".")]
         source, prefix = "", ""
         if not self.single_source:
@@ -390,7 +395,11 @@ class Namespace:
             if source not in self.stores:
                 raise FileNotFoundError(relative)
         for position, part in enumerate(parts):
-            entry = self.listing(source, prefix).entries.get(part)
+            if listings is None:
+                listing = self.listing(source, prefix)
+            elif (listing := listings.get((source, prefix))) is None:
+                listing = listings[(source, prefix)] = self.listing(source, prefix)
+            entry = listing.entries.get(part)
             if entry is None:
                 raise FileNotFoundError(relative)
             if entry.info is not None:

@@ -74,8 +74,8 @@ class TierStack:
                 return None
             parts.append(data)
         result = self._slice(parts, offset, size, ref)
-        self.metrics.hits.labels("ram").inc(len(parts))
-        self.metrics.bytes_served.labels("ram").inc(len(result))
+        self.metrics.tier_hits["ram"].inc(len(parts))
+        self.metrics.served_from["ram"].inc(len(result))
         return result
 
     def read_small(self, ref: ObjectRef, offset: int, size: int) -> bytes | None:
@@ -92,8 +92,8 @@ class TierStack:
         data = self.disk.get(block)
         if data is None:
             return None
-        self.metrics.hits.labels("disk").inc()
-        self.metrics.bytes_served.labels("disk").inc(len(data))
+        self.metrics.tier_hits["disk"].inc()
+        self.metrics.served_from["disk"].inc(len(data))
         self._admit_to_ram(block, data)
         return self._slice([data], offset, size, ref)
 
@@ -107,13 +107,13 @@ class TierStack:
         for index in block_span(offset, size, ref.size, self.block_size):
             data = self.ram.get(ref.block(index))
             if data is not None:
-                self.metrics.hits.labels("ram").inc()
+                self.metrics.tier_hits["ram"].inc()
                 start = index * self.block_size
                 from_ram += min(offset + size, start + len(data)) - max(offset, start)
                 parts.append(data)
             else:
                 parts.append(self._block_future(ref, index, wait_for_slot=True))
-        self.metrics.bytes_served.labels("ram").inc(from_ram)
+        self.metrics.served_from["ram"].inc(from_ram)
         resolved = [part if isinstance(part, bytes) else part.result() for part in parts]
         return self._slice(resolved, offset, size, ref)
 
@@ -202,7 +202,7 @@ class TierStack:
         """A block arrived from the store: readers first, then the disk tier; a load for the
         disk tier alone is done only once the block is there."""
         self.metrics.misses.inc()
-        self.metrics.bytes_served.labels("store").inc(len(data))
+        self.metrics.served_from["store"].inc(len(data))
         if to_ram:
             self._admit_to_ram(block, data)
             future.set_result(data)
@@ -236,7 +236,7 @@ class TierStack:
         block = ref.block(index)
         data = self.ram.get(block)
         if data is not None:
-            self.metrics.hits.labels("ram").inc()
+            self.metrics.tier_hits["ram"].inc()
             return _done(data)
         if not to_ram and block in self.disk:
             return _done(b"")  # only load() asks for the disk tier alone, and wants no bytes
@@ -260,8 +260,8 @@ class TierStack:
         try:
             data = self.disk.get(block)
             if data is not None:
-                self.metrics.hits.labels("disk").inc()
-                self.metrics.bytes_served.labels("disk").inc(len(data))
+                self.metrics.tier_hits["disk"].inc()
+                self.metrics.served_from["disk"].inc(len(data))
                 self._admit_to_ram(block, data)
                 future.set_result(data)
                 return
