@@ -2,13 +2,15 @@
 
 Listing is lazy and cached: constructing a source touches at most its root, so building a dataset
 over millions of objects is instant, and the one listing that happens is reused by every epoch
-and (through pickling) by every DataLoader worker forked after it. Directory walks use
-`os.scandir`, whose entries carry the file type from readdir, so the walk lists but never stats.
+and (through pickling) by every DataLoader worker forked after it. A directory inside an avafs
+mount is listed by its daemon in one request; elsewhere walks use `os.scandir`, whose entries
+carry the file type from readdir, so the walk lists but never stats.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -17,7 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from adapters.errors import EmptyDatasetError, ManifestError
+from adapters.mounts import client_for
 from avafs.manifest import read_manifest
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,18 +86,38 @@ class PrefixSource(ItemSource):
 
     def _list(self) -> list[Item]:
         root = str(self.root)
+        paths = [path for path in self._listed_by_mount() or self._walk()
+                 if not self.suffixes or path.endswith(self.suffixes)]
+        paths.sort()
+        skip = len(root) + 1
+        return [Item(path=path, key=path[skip:]) for path in paths]
+
+    def _listed_by_mount(self) -> list[str] | None:
+        """The files under an avafs mount's directory from its daemon, in one request: a walk
+        through FUSE costs the daemon a reply per entry, and every DataLoader worker lists
+        again each epoch. None where no daemon answers (a pod sees the mount, not its socket)."""
+        from avafs.client import AvafsError
+
+        client = client_for(self.root, require_mount=False)
+        if client is None:
+            return None
+        try:
+            return client.list_files(self.root)
+        except AvafsError as error:
+            log.warning("listing %s through the mount: %s", self.root, error)
+            return None
+
+    def _walk(self) -> list[str]:
         paths: list[str] = []
-        pending = [root]
+        pending = [str(self.root)]
         while pending:
             with os.scandir(pending.pop()) as entries:
                 for entry in entries:
                     if entry.is_dir(follow_symlinks=False):
                         pending.append(entry.path)
-                    elif entry.is_file() and (not self.suffixes or entry.name.endswith(self.suffixes)):
+                    elif entry.is_file():
                         paths.append(entry.path)
-        paths.sort()
-        skip = len(root) + 1
-        return [Item(path=path, key=path[skip:]) for path in paths]
+        return paths
 
 
 class ManifestSource(ItemSource):

@@ -42,8 +42,11 @@ class Client:
                                   "gone)") from None
         entry = mount_at(self.mountpoint)
         self.root = entry.root.strip("/") if entry and entry.fstype == AVAFS_FSTYPE else ""
+        self._base = str(self.mountpoint).rstrip("/")
+        self._cache_dir = str(self.socket.parent)
         self._reads: Connection | None = None
         self._reads_pid = 0
+        self._in_place = True
         self._reads_lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -69,9 +72,9 @@ class Client:
         to this client's mountpoint. String operations, not pathlib: batched reads call this
         for every sample."""
         text = os.fspath(path)
-        if os.path.isabs(text):
-            absolute = os.path.abspath(text)
-            base = str(self.mountpoint).rstrip("/")
+        if text.startswith("/"):
+            absolute = os.path.normpath(text)
+            base = self._base
             if absolute != (base or "/") and not absolute.startswith(base + "/"):
                 raise AvafsError(f"{absolute} is not inside the mount {self.mountpoint}")
             text = absolute[len(base) + 1:]
@@ -117,34 +120,39 @@ class Client:
         """Drop clean cached blocks of files (directories recursively)."""
         return self._call("evict", timeout=None, items=self._items(paths))
 
+    def list_files(self, directory: str | os.PathLike) -> list[str]:
+        """Absolute paths of every file under a directory of the mount, recursively, in one
+        request: the daemon answers from its cached listings, where a walk through the
+        mount costs a FUSE readdir per directory and a reply per entry (a DataLoader worker
+        lists its dataset again every epoch)."""
+        files = self._call("list", path=self.relative(directory))["files"]
+        skip = len(self.root) + 1 if self.root else 0
+        return [f"{self._base}/{path[skip:]}" for path in files]
+
     def read_files(self, paths: Iterable[str | os.PathLike]) -> list[bytes]:
         """The whole contents of files, in one request to the daemon: what reading each file
         through the mount gives, without FUSE's four round trips per file (the training
         adapters' one-file samples). Raises the OSError that open() or read() would raise
         for the first file that fails; files too large for one answer are read through the
-        mount."""
+        mount.
+
+        Files the daemon's disk tier holds are read here, in place, from the cache dir (Alluxio's
+        short-circuit read): the daemon only looks them up. One evicted meanwhile is asked for
+        again; a cache dir this process cannot read (another mount namespace, other user)
+        turns in-place reads off for this client."""
         paths = list(paths)
-        if not paths:
-            return []
-        with self._reads_lock:
-            if self._reads is None or self._reads_pid != os.getpid():
-                self._reads = Connection(self.socket, timeout=None)
-                self._reads_pid = os.getpid()
-            try:
-                result, payload = self._reads.request(
-                    {"op": "read", "paths": [self.relative(path) for path in paths]},
-                    timeout=None)
-            except (AvafsError, OSError) as error:
-                self._reads.close()
-                self._reads = None
-                if isinstance(error, AvafsError):
-                    raise
-                raise AvafsError(f"the mount's daemon stopped answering on {self.socket}: "
-                                 f"{error}") from None
-        contents, offset = [], 0
+        return self._read_files(paths, self._in_place) if paths else []
+
+    def _read_files(self, paths: list[str | os.PathLike], in_place: bool) -> list[bytes]:
+        result, payload = self._read_request(paths, in_place)
+        contents: list[bytes | None] = []
+        offset = 0
         for index, (path, size) in enumerate(zip(paths, result["sizes"], strict=True)):
             failure = result["errors"].get(str(index))
-            if failure is None:
+            located = result.get("files", {}).get(str(index))
+            if located is not None:
+                contents.append(self._read_in_place(*located))
+            elif failure is None:
                 contents.append(payload[offset:offset + size])
             elif failure[0] == errno.EFBIG:
                 with open(self.mountpoint / path, "rb", buffering=0) as file:
@@ -152,7 +160,47 @@ class Client:
             else:
                 raise OSError(failure[0], failure[1], os.fspath(path))
             offset += size
+        missed = [index for index, data in enumerate(contents) if data is None]
+        if missed:
+            again = self._read_files([paths[index] for index in missed], in_place=False)
+            for index, data in zip(missed, again, strict=True):
+                contents[index] = data
         return contents
+
+    def _read_request(self, paths: list[str | os.PathLike],
+                      in_place: bool) -> tuple[dict[str, Any], bytes]:
+        with self._reads_lock:
+            if self._reads is None or self._reads_pid != os.getpid():
+                self._reads = Connection(self.socket, timeout=None)
+                self._reads_pid = os.getpid()
+            try:
+                return self._reads.request(
+                    {"op": "read", "paths": [self.relative(path) for path in paths],
+                     "in_place": in_place}, timeout=None)
+            except (AvafsError, OSError) as error:
+                self._reads.close()
+                self._reads = None
+                if isinstance(error, AvafsError):
+                    raise
+                raise AvafsError(f"the mount's daemon stopped answering on {self.socket}: "
+                                 f"{error}") from None
+
+    def _read_in_place(self, relative: str, size: int) -> bytes | None:
+        """A cached block file's bytes; None if it is gone (evicted) or unreadable here."""
+        try:
+            descriptor = os.open(f"{self._cache_dir}/{relative}", os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            self._in_place = False
+            return None
+        try:
+            data = os.read(descriptor, size)
+            while len(data) < size and (more := os.read(descriptor, size - len(data))):
+                data += more
+        finally:
+            os.close(descriptor)
+        return data if len(data) == size else None
 
     def flush(self, progress: Callable[[dict], None] | None = None) -> dict[str, Any]:
         """Upload everything written so far and wait until the store has it all."""

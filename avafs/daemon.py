@@ -116,6 +116,7 @@ class Filesystem:
             "evict": self._evict,
             "flush": self._flush,
             "read": FileReads(self.namespace, self.stack, self.writeback).handle,
+            "list": self._list,
         })
         if options.metrics_addr:
             host, port = options.metrics_addr
@@ -149,6 +150,14 @@ class Filesystem:
                 progress(job.as_dict())
                 self.warmups.wait(job, 0.5)
         return job.as_dict()
+
+    def _list(self, request: dict, progress: Progress) -> dict:
+        path = request["path"]
+        try:
+            return {"files": self.namespace.files_under(path)}
+        except (FileNotFoundError, NotADirectoryError) as error:
+            raise AvafsError(f"cannot list {path or '/'} in the mount: "
+                             f"{error.__class__.__name__}") from None
 
     def _evict(self, request: dict, progress: Progress) -> dict:
         failures: list[tuple[str, str]] = []

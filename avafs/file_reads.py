@@ -15,6 +15,7 @@ import errno
 import os
 from typing import Any
 
+from .cache_dir import DISK_TIER_DIR
 from .control import WithPayload
 from .errors import AvafsError, ObjectChangedError
 from .namespace import Namespace
@@ -37,10 +38,24 @@ class FileReads:
 
     def handle(self, request: dict[str, Any], progress: object) -> WithPayload:
         """The "read" control operation: {"paths": [...]} -> sizes, per-path errors (errno and
-        message, by position) and the files' bytes one after the other."""
+        message, by position) and the files' bytes one after the other.
+
+        With "in_place": true, files the disk tier holds whole and checked are answered with
+        their block file instead ("files": position -> [path relative to the cache dir, size])
+        and left out of the bytes: a reader on this machine reads them itself, so the daemon's
+        share of a warm sample is a lookup, not a copy through its one GIL and the socket."""
         listings: dict = {}
-        plans: list[bytes | Plan] = [
-            self._from_ram(self._plan(path, listings)) for path in request["paths"]]
+        plans: list[bytes | Plan] = [self._plan(path, listings) for path in request["paths"]]
+        files: dict[str, tuple[str, int]] = {}
+        if request.get("in_place"):
+            refs = [(index, plan) for index, plan in enumerate(plans)
+                    if isinstance(plan, ObjectRef)]
+            checked = self.stack.checked_files([ref for _, ref in refs])
+            for (index, ref), path in zip(refs, checked, strict=True):
+                if path is not None:
+                    files[str(index)] = (f"{DISK_TIER_DIR}/{path}", ref.size)
+                    plans[index] = b""
+        plans = [self._from_ram(plan) for plan in plans]
         for plan in plans:
             if isinstance(plan, ObjectRef):
                 self.stack.stream(plan, 0, self.stack.block_count(plan))
@@ -52,8 +67,8 @@ class FileReads:
             except OSError as error:
                 payload.append(b"")
                 errors[str(index)] = (error.errno or errno.EIO, error.strerror or str(error))
-        return WithPayload({"sizes": [len(data) for data in payload], "errors": errors},
-                           payload)
+        return WithPayload({"sizes": [len(data) for data in payload], "errors": errors,
+                            "files": files}, payload)
 
     def _plan(self, path: str, listings: dict) -> Plan:
         """Where the file's bytes are now; an error (as a value) for what cannot be read."""

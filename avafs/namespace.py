@@ -409,6 +409,18 @@ class Namespace:
             prefix = f"{prefix}{part}/"
         return source, prefix, None
 
+    def files_under(self, relative: str) -> list[str]:
+        """Paths, relative to the mount, of every file under a directory: what a recursive
+        readdir of it through the mount finds, without a FUSE request per entry."""
+        try:
+            source, prefix, info = self.resolve(relative)
+        except IsADirectoryError:  # the root of a mount of several sources
+            return [path for source in sorted(self.stores) for path in self.files_under(source)]
+        if info is not None:
+            raise NotADirectoryError(relative)
+        root = "" if self.single_source else f"{source}/"
+        return [f"{root}{found.key}" for found in self.walk(source, prefix)]
+
     def walk(self, source: str, prefix: str) -> Iterator[ObjectInfo]:
         """Every object under a directory, depth first, in name order."""
         for entry in self.listing(source, prefix).ordered:

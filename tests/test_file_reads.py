@@ -1,16 +1,19 @@
-"""`Client.read_files`: whole files in one request to the daemon, as reading them through the
-mount gives them (clean files, pending writes, pending renames, errors), with real daemons."""
+"""`Client.read_files` and `Client.list_files`: whole files and recursive listings in one request
+to the daemon, as reading them through the mount gives them (clean files, pending writes,
+pending renames, errors; warm files read in place from the disk tier), with real daemons."""
 
 from __future__ import annotations
 
 import multiprocessing
 import os
 import pickle
+import time
 
 import pytest
 from datasets import payload
+from support import unmount
 
-from avafs.client import Client
+from avafs.client import AvafsError, Client
 
 KiB = 1024
 
@@ -18,6 +21,14 @@ KiB = 1024
 def object_gets(server, bucket: str) -> int:
     return sum(1 for line in server.requests() if line.startswith(f"GET /{bucket}/")
                and "list-type" not in line and "prefix=" not in line)
+
+
+def wait_for_disk_tier(reader: Client, files: int) -> None:
+    """Fetched blocks reach the disk tier after their readers have them."""
+    deadline = time.monotonic() + 30
+    while reader.status()["tiers"]["disk"]["files"] < files:
+        assert time.monotonic() < deadline, "blocks never reached the disk tier"
+        time.sleep(0.05)
 
 
 def test_batch_equals_reads_through_the_mount(s3_server, bucket, mount):
@@ -91,3 +102,78 @@ def test_a_client_used_before_a_fork_works_in_the_child(local_bucket, mount):
     child.join(timeout=30)
     assert child.exitcode == 0
     assert reader.read_files([mnt / "f"]) == [b"sample"]
+
+
+def test_warm_files_are_read_in_place_and_a_block_evicted_meanwhile_is_asked_for_again(
+        local_bucket, mount, tmp_path):
+    files = {f"s/{i:02d}.bin": payload(i, 16 * KiB + i) for i in range(40)}
+    for key, data in files.items():
+        (local_bucket / key).parent.mkdir(exist_ok=True)
+        (local_bucket / key).write_bytes(data)
+    mnt = mount(local_bucket.as_uri())
+    reader = Client(mnt)
+    paths = [mnt / key for key in files]
+    assert reader.read_files(paths) == list(files.values())
+    wait_for_disk_tier(reader, len(files))
+    before = reader.status()["hits"]
+
+    assert reader.read_files(paths) == list(files.values())
+    after = reader.status()["hits"]
+    assert after["disk"] - before["disk"] == len(files), "answered with the disk tier's files"
+    assert after["ram"] == before["ram"], "no bytes went through the daemon"
+
+    for block in (tmp_path / "cache" / "disk" / "blocks").rglob("*"):
+        if block.is_file():
+            block.unlink()
+    assert reader.read_files(paths) == list(files.values())
+
+
+def test_blocks_left_by_an_earlier_mount_are_checked_before_anyone_reads_them_in_place(
+        local_bucket, mount, tmp_path):
+    data = payload(7, 20 * KiB)
+    (local_bucket / "f.bin").write_bytes(data)
+    mnt = mount(local_bucket.as_uri())
+    assert Client(mnt).read_files([mnt / "f.bin"]) == [data]
+    wait_for_disk_tier(Client(mnt), 1)
+    unmount(mnt)
+    [block] = [path for path in (tmp_path / "cache" / "disk" / "blocks").rglob("*")
+               if path.is_file()]
+    block.write_bytes(bytes(len(data)))  # torn: the right size, the wrong bytes
+
+    mnt = mount(local_bucket.as_uri(), mountpoint=mnt)
+    reader = Client(mnt)
+    assert reader.read_files([mnt / "f.bin"]) == [data]
+    assert reader.read_files([mnt / "f.bin"]) == [data]
+
+
+def test_a_cache_dir_this_process_cannot_open_turns_in_place_reads_off(local_bucket, mount):
+    (local_bucket / "f").write_bytes(b"sample")
+    mnt = mount(local_bucket.as_uri())
+    reader = Client(mnt)
+    assert reader.read_files([mnt / "f"]) == [b"sample"]
+    wait_for_disk_tier(reader, 1)
+    # What another mount namespace sees: the socket, but not the cache dir behind it.
+    reader._cache_dir = str(local_bucket / "f")
+    assert reader.read_files([mnt / "f"]) == [b"sample"]
+    assert not reader._in_place
+    assert reader.read_files([mnt / "f"]) == [b"sample"]
+
+
+def test_list_files_is_a_recursive_listing_as_the_mount_shows_it(local_bucket, mount):
+    for key in ("a/1", "a/b/2", "a/b/c/3", "top", "a/gone"):
+        (local_bucket / key).parent.mkdir(parents=True, exist_ok=True)
+        (local_bucket / key).write_bytes(b"x")
+    (local_bucket / "a" / "empty").mkdir()
+    mnt = mount(local_bucket.as_uri(), "--writeback-delay", "3600")
+    (mnt / "a" / "b" / "new").write_bytes(b"not uploaded yet")
+    (mnt / "a" / "gone").unlink()
+
+    walked = sorted(os.path.join(folder, name) for folder, _, names in os.walk(mnt / "a")
+                    for name in names)
+    reader = Client(mnt)
+    assert sorted(reader.list_files(mnt / "a")) == walked
+    assert sorted(reader.list_files(mnt)) == sorted(walked + [str(mnt / "top")])
+    with pytest.raises(AvafsError, match="cannot list nope"):
+        reader.list_files(mnt / "nope")
+    with pytest.raises(AvafsError, match="NotADirectoryError"):
+        reader.list_files(mnt / "top")

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from datasets import Bucket, payload, sha256
 
+from avafs.client import Client
+
 MiB = 2**20
 
 
@@ -123,6 +125,8 @@ def test_two_sources_in_one_namespace(s3_server, bucket, s3_env, mount, tmp_path
     assert sorted(os.listdir(mnt)) == ["datasets", "scratch"]
     assert (mnt / "datasets" / "train" / "x.bin").read_bytes() == b"from-s3"
     assert (mnt / "scratch" / "logs" / "y.txt").read_bytes() == b"from-disk"
+    assert sorted(Client(mnt).list_files(mnt)) == [str(mnt / "datasets" / "train" / "x.bin"),
+                                                   str(mnt / "scratch" / "logs" / "y.txt")]
 
 
 def test_second_read_sends_no_get(s3_server, bucket, mount):

@@ -26,6 +26,12 @@ log = logging.getLogger(__name__)
 
 _RECORD = struct.Struct("<QIQ")  # size, crc32, access sequence
 _ALLOCATION_UNIT = 4096
+BLOCKS_DIR = "blocks"
+
+
+def _relative_path(block: BlockId) -> str:
+    name = block.file_name()
+    return f"{BLOCKS_DIR}/{name[:2]}/{name}"
 
 
 def allocated(size: int) -> int:
@@ -39,7 +45,7 @@ class DiskTier(TierAccounting):
     def __init__(self, root: Path, capacity: int, capacity_files: int, high: float,
                  low: float) -> None:
         self.root = root
-        self._blocks_dir = root / "blocks"
+        self._blocks_dir = root / BLOCKS_DIR
         self._tmp_dir = root / "tmp"
         shutil.rmtree(self._tmp_dir, ignore_errors=True)
         self._tmp_dir.mkdir(parents=True)
@@ -48,6 +54,10 @@ class DiskTier(TierAccounting):
         self._capacity = capacity
         self._lru = CappedLRU(capacity, capacity_files, high, low)
         self._records: dict[BlockId, tuple[int, int]] = {}  # size, crc32
+        self._checked: dict[BlockId, str] = {}
+        """Blocks whose file this daemon wrote or has checked against its CRC (a crash that
+        tore a file happened before either, so these may be read without the check), with
+        their file's path relative to the tier's root."""
         self._index = Rdict(str(root / "index"), options=Options(raw_mode=True))
         self._load_index()
         self._sweeper = threading.Thread(target=self._sweep_unindexed_files, daemon=True,
@@ -98,8 +108,7 @@ class DiskTier(TierAccounting):
         return block in self._records
 
     def _path(self, block: BlockId) -> Path:
-        name = block.file_name()
-        return self._blocks_dir / name[:2] / name
+        return self.root / _relative_path(block)
 
     def get(self, block: BlockId) -> bytes | None:
         with self._lock:
@@ -115,7 +124,21 @@ class DiskTier(TierAccounting):
             log.warning("disk tier: dropping damaged or missing block of %s", block.key)
             self.discard([block])
             return None
+        with self._lock:
+            if block in self._records:
+                self._checked[block] = _relative_path(block)
         return data
+
+    def checked_file(self, block: BlockId) -> str | None:
+        """The block's file, relative to the tier's root, if its contents are known good
+        (see `_checked`); readers on this machine may read it in place. The file is never
+        rewritten with other bytes (a block names one version), but it may be evicted and
+        unlinked at any time: a reader that finds it gone asks the daemon for the bytes."""
+        with self._lock:
+            path = self._checked.get(block)
+            if path is not None:
+                self._lru.touch(block)
+            return path
 
     def put(self, block: BlockId, data: bytes) -> None:
         size = allocated(len(data))
@@ -128,7 +151,8 @@ class DiskTier(TierAccounting):
             self._lru.add(block, size)
             self._lru.pin(block)
         self._unlink(victims)
-        path = self._path(block)
+        relative = _relative_path(block)
+        path = self.root / relative
         tmp = self._tmp_dir / f"{path.name}.{threading.get_ident()}"
         try:
             tmp.write_bytes(data)
@@ -144,6 +168,7 @@ class DiskTier(TierAccounting):
         with self._lock:
             self._lru.unpin(block)
             self._records[block] = (len(data), crc)
+            self._checked[block] = relative
             self._index[block.encode().encode()] = _RECORD.pack(len(data), crc, 0)
 
     def evict_to_low_watermark(self) -> int:
@@ -171,6 +196,7 @@ class DiskTier(TierAccounting):
         for victim in victims:
             self._lru.discard(victim)
             self._records.pop(victim, None)
+            self._checked.pop(victim, None)
             batch.delete(victim.encode().encode())
         if victims:
             self._index.write(batch)

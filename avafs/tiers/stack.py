@@ -97,6 +97,18 @@ class TierStack:
         self._admit_to_ram(block, data)
         return self._slice([data], offset, size, ref)
 
+    def checked_files(self, refs: list[ObjectRef]) -> list[str | None]:
+        """For each one-block object whose bytes the disk tier holds known good, its file
+        relative to the tier's root, for a reader on this machine to read in place; else
+        None. Counted as disk hits, once per call (the batched reads' hot path)."""
+        files = [self.disk.checked_file(ref.block(0)) if 0 < ref.size <= self.block_size
+                 else None for ref in refs]
+        sizes = [ref.size for ref, file in zip(refs, files, strict=True) if file is not None]
+        if sizes:
+            self.metrics.tier_hits["disk"].inc(len(sizes))
+            self.metrics.served_from["disk"].inc(sum(sizes))
+        return files
+
     def read(self, ref: ObjectRef, offset: int, size: int) -> bytes:
         """The bytes of [offset, offset+size), loading blocks as needed (blocks the caller).
 
