@@ -54,10 +54,10 @@ class DiskTier(TierAccounting):
         self._capacity = capacity
         self._lru = CappedLRU(capacity, capacity_files, high, low)
         self._records: dict[BlockId, tuple[int, int]] = {}  # size, crc32
-        self._checked: dict[BlockId, str] = {}
-        """Blocks whose file this daemon wrote or has checked against its CRC (a crash that
-        tore a file happened before either, so these may be read without the check), with
-        their file's path relative to the tier's root."""
+        self._checked: set[BlockId] = set()
+        """Blocks whose file this daemon wrote or has checked against its CRC: a crash that
+        tore a file happened before either, so these may be read without the check. A set,
+        not a map to each file's path, which would cost about 100 more bytes per block."""
         self._index = Rdict(str(root / "index"), options=Options(raw_mode=True))
         self._load_index()
         self._sweeper = threading.Thread(target=self._sweep_unindexed_files, daemon=True,
@@ -126,7 +126,7 @@ class DiskTier(TierAccounting):
             return None
         with self._lock:
             if block in self._records:
-                self._checked[block] = _relative_path(block)
+                self._checked.add(block)
         return data
 
     def checked_file(self, block: BlockId) -> str | None:
@@ -135,10 +135,10 @@ class DiskTier(TierAccounting):
         rewritten with other bytes (a block names one version), but it may be evicted and
         unlinked at any time: a reader that finds it gone asks the daemon for the bytes."""
         with self._lock:
-            path = self._checked.get(block)
-            if path is not None:
-                self._lru.touch(block)
-            return path
+            if block not in self._checked:
+                return None
+            self._lru.touch(block)
+        return _relative_path(block)
 
     def put(self, block: BlockId, data: bytes) -> None:
         size = allocated(len(data))
@@ -151,8 +151,7 @@ class DiskTier(TierAccounting):
             self._lru.add(block, size)
             self._lru.pin(block)
         self._unlink(victims)
-        relative = _relative_path(block)
-        path = self.root / relative
+        path = self._path(block)
         tmp = self._tmp_dir / f"{path.name}.{threading.get_ident()}"
         try:
             tmp.write_bytes(data)
@@ -168,7 +167,7 @@ class DiskTier(TierAccounting):
         with self._lock:
             self._lru.unpin(block)
             self._records[block] = (len(data), crc)
-            self._checked[block] = relative
+            self._checked.add(block)
             self._index[block.encode().encode()] = _RECORD.pack(len(data), crc, 0)
 
     def evict_to_low_watermark(self) -> int:
@@ -196,7 +195,7 @@ class DiskTier(TierAccounting):
         for victim in victims:
             self._lru.discard(victim)
             self._records.pop(victim, None)
-            self._checked.pop(victim, None)
+            self._checked.discard(victim)
             batch.delete(victim.encode().encode())
         if victims:
             self._index.write(batch)
