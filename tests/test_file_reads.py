@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import threading
 import time
 
 import pytest
@@ -177,3 +178,33 @@ def test_list_files_is_a_recursive_listing_as_the_mount_shows_it(local_bucket, m
         reader.list_files(mnt / "nope")
     with pytest.raises(AvafsError, match="NotADirectoryError"):
         reader.list_files(mnt / "top")
+
+
+def test_in_place_reads_stay_exact_while_the_disk_tier_evicts_under_them(local_bucket, mount):
+    files = {f"e/{i:03d}.bin": payload(i, 16 * KiB + i) for i in range(300)}
+    for key, data in files.items():
+        (local_bucket / key).parent.mkdir(exist_ok=True)
+        (local_bucket / key).write_bytes(data)
+    # Room for about 40 of the 300 files in each tier: every pass evicts what the last read.
+    mnt = mount(local_bucket.as_uri(), "--disk-cache-files", "40", "--ram-cache-files", "40")
+    readers = [Client(mnt) for _ in range(4)]
+    keys = list(files)
+    failures: list[str] = []
+
+    def read(reader: Client, offset: int) -> None:
+        for round_ in range(6):
+            order = keys[offset + round_:] + keys[:offset + round_]
+            for start in range(0, len(order), 32):
+                batch = order[start:start + 32]
+                got = reader.read_files([mnt / key for key in batch])
+                failures.extend(key for key, data in zip(batch, got, strict=True)
+                                if data != files[key])
+
+    threads = [threading.Thread(target=read, args=(reader, 75 * index))
+               for index, reader in enumerate(readers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not failures
+    assert readers[0].status()["evictions"]["disk"] > 0, "the disk tier evicted meanwhile"
