@@ -145,11 +145,12 @@ class Client:
 
     def _read_files(self, paths: list[str | os.PathLike], in_place: bool) -> list[bytes]:
         result, payload = self._read_request(paths, in_place)
+        errors, files = result["errors"], result.get("files", {})
         contents: list[bytes | None] = []
         offset = 0
         for index, (path, size) in enumerate(zip(paths, result["sizes"], strict=True)):
-            failure = result["errors"].get(str(index))
-            located = result.get("files", {}).get(str(index))
+            failure = errors.get(str(index))
+            located = files.get(str(index))
             if located is not None:
                 contents.append(self._read_in_place(*located))
             elif failure is None:
