@@ -86,7 +86,8 @@ class PrefixSource(ItemSource):
 
     def _list(self) -> list[Item]:
         root = str(self.root)
-        paths = [path for path in self._listed_by_mount() or self._walk()
+        listed = self._listed_by_mount()
+        paths = [path for path in (self._walk() if listed is None else listed)
                  if not self.suffixes or path.endswith(self.suffixes)]
         paths.sort()
         skip = len(root) + 1
