@@ -7,6 +7,7 @@ PID_FILE = "avafs.pid"
 LOCK_FILE = "lock"
 DISK_TIER_DIR = "disk"
 WRITEBACK_DIR = "writeback"
+GENERATION_FILE = "generation"
 
 
 def log_path(cache_dir: Path) -> Path:

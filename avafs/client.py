@@ -10,12 +10,14 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from .control import Connection, call
 from .errors import AvafsError
+from .known_locations import KnownLocations, known_locations
 from .manifest import ManifestError, read_manifest
 from .mounts import AVAFS_FSTYPE, containing_mount, mount_at
 
@@ -137,14 +139,38 @@ class Client:
         mount.
 
         Files the daemon's disk tier holds are read here, in place, from the cache dir (Alluxio's
-        short-circuit read): the daemon only looks them up. One evicted meanwhile is asked for
-        again; a cache dir this process cannot read (another mount namespace, other user)
-        turns in-place reads off for this client."""
+        short-circuit read): the daemon only looks them up, and this process remembers where
+        they were for as long as the daemon allows (`known_locations.py`), so reading them again
+        needs no request. One evicted meanwhile is asked for again; a cache dir this process
+        cannot read (another mount namespace, other user) turns in-place reads off for this
+        client."""
         paths = list(paths)
-        return self._read_files(paths, self._in_place) if paths else []
+        relatives = [self.relative(path) for path in paths]
+        contents: list[bytes | None] = [None] * len(paths)
+        known = known_locations(self._cache_dir) if self._in_place else None
+        if known is not None:
+            known.begin()
+            now = time.monotonic()
+            for index, relative in enumerate(relatives):
+                located = known.get(relative, now)
+                if located is not None:
+                    contents[index] = self._read_in_place(*located)
+                    if contents[index] is None:
+                        known.forget(relative)
+        missed = [index for index, data in enumerate(contents) if data is None]
+        if missed:
+            fetched = self._read_files([paths[index] for index in missed],
+                                       [relatives[index] for index in missed], self._in_place,
+                                       known)
+            for index, data in zip(missed, fetched, strict=True):
+                contents[index] = data
+        return contents  # type: ignore[return-value]
 
-    def _read_files(self, paths: list[str | os.PathLike], in_place: bool) -> list[bytes]:
-        result, payload = self._read_request(paths, in_place)
+    def _read_files(self, paths: list[str | os.PathLike], relatives: list[str], in_place: bool,
+                    known: KnownLocations | None) -> list[bytes]:
+        """One request; answers in place are remembered in `known`, if given."""
+        asked_at = time.monotonic()
+        result, payload = self._read_request(relatives, in_place)
         errors, files = result["errors"], result.get("files", {})
         contents: list[bytes | None] = []
         offset = 0
@@ -161,23 +187,26 @@ class Client:
             else:
                 raise OSError(failure[0], failure[1], os.fspath(path))
             offset += size
+        if known is not None and "generation" in result:
+            known.keep(result["generation"],
+                       {relatives[int(index)]: located for index, located in files.items()
+                        if contents[int(index)] is not None}, result["keep_for"], asked_at)
         missed = [index for index, data in enumerate(contents) if data is None]
         if missed:
-            again = self._read_files([paths[index] for index in missed], in_place=False)
+            again = self._read_files([paths[index] for index in missed],
+                                     [relatives[index] for index in missed], False, None)
             for index, data in zip(missed, again, strict=True):
                 contents[index] = data
-        return contents
+        return contents  # type: ignore[return-value]
 
-    def _read_request(self, paths: list[str | os.PathLike],
-                      in_place: bool) -> tuple[dict[str, Any], bytes]:
+    def _read_request(self, relatives: list[str], in_place: bool) -> tuple[dict[str, Any], bytes]:
         with self._reads_lock:
             if self._reads is None or self._reads_pid != os.getpid():
                 self._reads = Connection(self.socket, timeout=None)
                 self._reads_pid = os.getpid()
             try:
-                return self._reads.request(
-                    {"op": "read", "paths": [self.relative(path) for path in paths],
-                     "in_place": in_place}, timeout=None)
+                return self._reads.request({"op": "read", "paths": relatives,
+                                            "in_place": in_place}, timeout=None)
             except (AvafsError, OSError) as error:
                 self._reads.close()
                 self._reads = None

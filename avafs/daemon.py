@@ -25,6 +25,7 @@ from .control import SOCKET_NAME, ControlServer, Progress
 from .errors import AvafsError
 from .file_reads import FileReads
 from .fuse_ops import AvafsOperations
+from .in_place_watch import InPlaceWatch
 from .metrics import Metrics
 from .mounts import AVAFS_FSTYPE, mount_at
 from .namespace import Namespace
@@ -97,8 +98,11 @@ class Filesystem:
                                        int(options.disk_cache * options.dirty_high_watermark),
                                        options.writeback == "sync", options.writeback_delay)
         self.namespace = Namespace(self.stores, options.effective_metadata_ttl, self.writeback)
+        self.in_place = InPlaceWatch(options.cache_dir)
+        self.namespace.on_changed = self.in_place.changed
         if self.writeback is not None:
             self.writeback.on_settled = self.namespace.settled
+            self.writeback.on_changed = self.in_place.changed
             self.uploader = Uploader(self.writeback, self.stores, options.upload_concurrency)
         self.warmups = WarmupRunner(self.namespace, self.stack, self.metrics)
         self.prefetcher = Prefetcher(self.namespace, self.stack)
@@ -115,7 +119,7 @@ class Filesystem:
                 "queued": self.prefetcher.submit(request["items"])},
             "evict": self._evict,
             "flush": self._flush,
-            "read": FileReads(self.namespace, self.stack, self.writeback).handle,
+            "read": FileReads(self.namespace, self.stack, self.writeback, self.in_place).handle,
             "list": self._list,
         })
         if options.metrics_addr:
@@ -168,6 +172,7 @@ class Filesystem:
 
     def close(self) -> None:
         """Stop uploading (what is pending stays journaled for the next mount) and close."""
+        self.in_place.close()
         self.control.close()
         if self.uploader is not None:
             self.uploader.stop()

@@ -18,23 +18,30 @@ from typing import Any
 from .cache_dir import DISK_TIER_DIR
 from .control import WithPayload
 from .errors import AvafsError, ObjectChangedError
+from .in_place_watch import InPlaceWatch
 from .namespace import Namespace
 from .tiers.stack import ObjectRef, TierStack
-from .writeback.manager import WriteBack
+from .writeback.manager import WriteBack, parent_prefix
 from .writeback.pending import DATA, Pending
 
 MAX_FILE = 64 * 2**20
 """Larger files are left to the mount (EFBIG), where they are read in pieces as they are used."""
+
+KEEP_LOCATIONS_FOR = 60.0
+"""Longest a reader may keep an in-place answer without asking again, even on an immutable
+mount: each ask touches the block in the disk tier's LRU, so blocks in use stay warm."""
 
 Plan = ObjectRef | Pending | OSError
 """Where a file's bytes are: a version in the tiers, a local file not yet uploaded, or an error."""
 
 
 class FileReads:
-    def __init__(self, namespace: Namespace, stack: TierStack, writeback: WriteBack | None) -> None:
+    def __init__(self, namespace: Namespace, stack: TierStack, writeback: WriteBack | None,
+                 watch: InPlaceWatch) -> None:
         self.namespace = namespace
         self.stack = stack
         self.writeback = writeback
+        self.watch = watch
 
     def handle(self, request: dict[str, Any], progress: object) -> WithPayload:
         """The "read" control operation: {"paths": [...]} -> sizes, per-path errors (errno and
@@ -43,9 +50,14 @@ class FileReads:
         With "in_place": true, files the disk tier holds whole and checked are answered with
         their block file instead ("files": position -> [path relative to the cache dir, size])
         and left out of the bytes: a reader on this machine reads them itself, so the daemon's
-        share of a warm sample is a lookup, not a copy through its one GIL and the socket."""
+        share of a warm sample is a lookup, not a copy through its one GIL and the socket.
+        Such an answer also says how long it may be kept ("keep_for", seconds) and under
+        which generation ("generation", see `in_place_watch.py`; absent: do not keep it)."""
+        generation, changes = self.watch.generation, self.watch.changes
         listings: dict = {}
-        plans: list[bytes | Plan] = [self._plan(path, listings) for path in request["paths"]]
+        directories: set[tuple[str, str]] = set()
+        plans: list[bytes | Plan] = [self._plan(path, listings, directories)
+                                     for path in request["paths"]]
         files: dict[str, tuple[str, int]] = {}
         if request.get("in_place"):
             refs = [(index, plan) for index, plan in enumerate(plans)
@@ -67,11 +79,18 @@ class FileReads:
             except OSError as error:
                 payload.append(b"")
                 errors[str(index)] = (error.errno or errno.EIO, error.strerror or str(error))
-        return WithPayload({"sizes": [len(data) for data in payload], "errors": errors,
-                            "files": files}, payload)
+        result: dict[str, Any] = {"sizes": [len(data) for data in payload], "errors": errors,
+                                  "files": files}
+        if files:
+            self.watch.watch(directories, listings)
+            result["keep_for"] = min(KEEP_LOCATIONS_FOR, self.namespace.fresh_for(listings.values()))
+            if self.watch.changes == changes:
+                result["generation"] = generation
+        return WithPayload(result, payload)
 
-    def _plan(self, path: str, listings: dict) -> Plan:
-        """Where the file's bytes are now; an error (as a value) for what cannot be read."""
+    def _plan(self, path: str, listings: dict, directories: set[tuple[str, str]]) -> Plan:
+        """Where the file's bytes are now; an error (as a value) for what cannot be read.
+        Adds the (source, prefix) of the file's directory to `directories`."""
         try:
             source, key, info = self.namespace.resolve(path, listings)
         except FileNotFoundError:
@@ -82,6 +101,7 @@ class FileReads:
             return OSError(errno.EIO, str(error))
         if info is None:
             return _error(errno.EISDIR)
+        directories.add((source, parent_prefix(key)))
         state = self.writeback.get(source, key) if self.writeback is not None else None
         plan: ObjectRef | Pending
         if state is not None and state.kind == DATA:

@@ -13,7 +13,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -95,6 +95,8 @@ class Namespace:
         self.writeback = writeback
         self.ttl = ttl
         self._clock = clock
+        self.on_changed: Callable[[str, str], None] = lambda source, prefix: None
+        """Called with (source, key) when a settled upload changes a cached listing."""
         self._lock = threading.Lock()
         self._nodes: dict[int, Node] = {}
         self._children: dict[tuple[int, str], int] = {}
@@ -156,6 +158,10 @@ class Namespace:
 
     def is_fresh(self, checked_at: float) -> bool:
         return self._clock() - checked_at < self.ttl
+
+    def fresh_for(self, listings: Iterable[_Listing]) -> float:
+        """Seconds until the oldest of these listings is fetched again (inf: never)."""
+        return min(listing.fetched_at for listing in listings) + self.ttl - self._clock()
 
     # --- listings ----------------------------------------------------------------------------
 
@@ -333,6 +339,7 @@ class Namespace:
                 current = listing.entries.get(name)
                 if current is not None and not current.is_dir:
                     listing.drop(name)
+        self.on_changed(source, key)
 
     def moved(self, node: Node, new_parent: Node, new_name: str, new_key: str) -> None:
         """The kernel keeps a renamed inode, so the node (and, for a directory, every node

@@ -208,3 +208,76 @@ def test_in_place_reads_stay_exact_while_the_disk_tier_evicts_under_them(local_b
         thread.join(timeout=120)
     assert not failures
     assert readers[0].status()["evictions"]["disk"] > 0, "the disk tier evicted meanwhile"
+
+
+def daemon_hits(reader: Client) -> int:
+    """Files the daemon has answered from its tiers so far: what a remembered location saves."""
+    hits = reader.status()["hits"]
+    return hits["disk"] + hits["ram"]
+
+
+def remembered(reader: Client, paths: list) -> list[bytes]:
+    """Reads `paths` until the daemon answers them in place, so this process remembers them."""
+    reader.read_files(paths)
+    wait_for_disk_tier(reader, len(paths))
+    return reader.read_files(paths)
+
+
+def test_remembered_files_are_read_without_the_daemon_until_their_directory_changes(
+        local_bucket, mount):
+    files = {f"data/{i:02d}.bin": payload(i, 16 * KiB + i) for i in range(20)}
+    (local_bucket / "data").mkdir()
+    for key, data in files.items():
+        (local_bucket / key).write_bytes(data)
+    mnt = mount(local_bucket.as_uri())
+    reader = Client(mnt)
+    paths = [mnt / key for key in files]
+    assert remembered(reader, paths) == list(files.values())
+    hits = daemon_hits(reader)
+    assert reader.read_files(paths) == list(files.values())
+    assert daemon_hits(reader) == hits, "no request for files read in place before"
+
+    (mnt / "logs").mkdir()
+    (mnt / "logs" / "step.log").write_bytes(b"loss 0.1")
+    reader.flush()
+    assert reader.read_files(paths) == list(files.values())
+    assert daemon_hits(reader) == hits, "writes elsewhere keep the locations"
+
+    (mnt / "data" / "03.bin").write_bytes(b"rewritten")
+    assert reader.read_files(paths[:5]) == [*list(files.values())[:3], b"rewritten", files["data/04.bin"]]
+    reader.flush()
+    assert reader.read_files([paths[3]]) == [b"rewritten"]
+    assert remembered(Client(mnt), paths[4:])[0] == files["data/04.bin"]
+
+    (mnt / "data" / "05.bin").unlink()
+    with pytest.raises(FileNotFoundError):
+        reader.read_files([paths[5]])
+    os.rename(mnt / "data", mnt / "moved")
+    with pytest.raises(FileNotFoundError):
+        reader.read_files([paths[6]])
+    assert reader.read_files([mnt / "moved" / "06.bin"]) == [files["data/06.bin"]]
+
+
+def test_remembered_locations_expire_with_the_listings_they_came_from(local_bucket, mount):
+    (local_bucket / "f.bin").write_bytes(payload(1, 20 * KiB))
+    mnt = mount(local_bucket.as_uri(), "--metadata-ttl", "2")
+    reader = Client(mnt)
+    assert remembered(reader, [mnt / "f.bin"]) == [payload(1, 20 * KiB)]
+    (local_bucket / "f.bin").write_bytes(payload(2, 20 * KiB))  # changed in the store
+    assert reader.read_files([mnt / "f.bin"]) == [payload(1, 20 * KiB)], "within the TTL"
+    time.sleep(2.2)
+    assert reader.read_files([mnt / "f.bin"]) == [payload(2, 20 * KiB)]
+
+
+def test_locations_remembered_from_an_earlier_daemon_are_dropped(local_bucket, mount):
+    (local_bucket / "f.bin").write_bytes(payload(1, 20 * KiB))
+    mnt = mount(local_bucket.as_uri())
+    reader = Client(mnt)
+    assert remembered(reader, [mnt / "f.bin"]) == [payload(1, 20 * KiB)]
+    unmount(mnt)
+    with pytest.raises(AvafsError, match="stopped answering|is not running|connect"):
+        reader.read_files([mnt / "f.bin"])
+
+    (local_bucket / "f.bin").write_bytes(payload(2, 20 * KiB))
+    mount(local_bucket.as_uri(), mountpoint=mnt)
+    assert reader.read_files([mnt / "f.bin"]) == [payload(2, 20 * KiB)]

@@ -55,6 +55,8 @@ class WriteBack:
         self.sync_uploads = sync_uploads
         self.delay = delay
         self.on_settled: Settled = lambda source, key, info: None
+        self.on_changed: Callable[[str, str], None] = lambda source, prefix: None
+        """Called with (source, key) when the key's pending state comes or goes."""
         self.streams: StreamUploads | None = None
         """Uploads of files while they are written, where the stores take parts."""
         self.lock = threading.RLock()
@@ -110,6 +112,7 @@ class WriteBack:
         self._order.move_to_end(entry.slot)
         self.dirty_bytes += self._dirty_size(entry)
         self._by_dir.setdefault((entry.source, parent_prefix(entry.key)), set()).add(entry.key)
+        self.on_changed(entry.source, entry.key)
 
     def _unindex(self, entry: Pending) -> None:
         if self._pending.get(entry.slot) is not entry:
@@ -123,6 +126,7 @@ class WriteBack:
             keys.discard(entry.key)
             if not keys:
                 del self._by_dir[(entry.source, parent_prefix(entry.key))]
+        self.on_changed(entry.source, entry.key)
         if entry.file:
             self._release_file(entry.file)
 

@@ -1,0 +1,102 @@
+"""Where a reader process last found files' blocks, so a warm batch needs no request at all.
+
+The daemon's in-place answers (`Client.read_files`) may be kept while its generation counter
+(a file of the cache dir, mapped here, see `in_place_watch.py`) stays where it was and for the
+seconds each answer allows. A repeated epoch of tiny one-file samples then costs the reader an
+open and a read per sample, as from local disk, instead of a round trip through the daemon.
+
+One table per cache dir and process, shared by every Client of that mount in the process (the
+adapters make one per epoch); a DataLoader worker keeps it for as long as it lives, so it pays
+off with `persistent_workers=True`.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import threading
+
+from .cache_dir import GENERATION_FILE
+
+GENERATION = struct.Struct("<Q")
+"""The generation file's one field, written in place by the daemon and mapped by readers."""
+CLOSED = 0
+"""The generation of a cache dir whose daemon stopped: readers trust no location under it."""
+
+MAX_LOCATIONS = 250_000
+"""About 100 MB per process when full; files beyond it are asked for each time, which is what a
+dataset that large costs anyway (its epochs outlast the answers' lifetime)."""
+
+
+class KnownLocations:
+    def __init__(self, counter: mmap.mmap) -> None:
+        self._counter = counter
+        self._generation = CLOSED
+        self._entries: dict[str, tuple[str, int, float]] = {}
+
+    def begin(self) -> int:
+        """Start a batch: forget everything if the daemon's generation moved. Returns the
+        generation the batch's answers must carry to be kept."""
+        generation = GENERATION.unpack_from(self._counter)[0]
+        if generation != self._generation:
+            self._entries = {}
+            self._generation = generation
+        return generation
+
+    def get(self, relative: str, now: float) -> tuple[str, int] | None:
+        """(block file relative to the cache dir, size) of a file, if still to be trusted."""
+        found = self._entries.get(relative)
+        if found is None or found[2] <= now:
+            return None
+        return found[0], found[1]
+
+    def keep(self, generation: int, answers: dict[str, tuple[str, int]], keep_for: float,
+             now: float) -> None:
+        """Keep in-place answers the daemon gave under `generation`, if that is still the one
+        in force here (a later `begin` saw no move since)."""
+        if generation != self._generation or generation == CLOSED or keep_for <= 0:
+            return
+        until = now + keep_for
+        for relative, (path, size) in answers.items():
+            if len(self._entries) < MAX_LOCATIONS or relative in self._entries:
+                self._entries[relative] = (path, size, until)
+
+    def forget(self, relative: str) -> None:
+        self._entries.pop(relative, None)
+
+
+_tables: dict[str, KnownLocations | None] = {}
+_tables_lock = threading.Lock()
+
+
+def _unlock_in_child() -> None:
+    """A DataLoader worker forked while another thread held the lock must not inherit it held."""
+    global _tables_lock
+    _tables_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_unlock_in_child)
+
+
+def known_locations(cache_dir: str) -> KnownLocations | None:
+    """The process's table for a mount's cache dir; None where the daemon keeps no generation
+    (an older daemon) or this process cannot map it."""
+    with _tables_lock:
+        if cache_dir not in _tables:
+            _tables[cache_dir] = _open(cache_dir)
+        return _tables[cache_dir]
+
+
+def _open(cache_dir: str) -> KnownLocations | None:
+    try:
+        descriptor = os.open(f"{cache_dir}/{GENERATION_FILE}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        counter = mmap.mmap(descriptor, GENERATION.size, prot=mmap.PROT_READ)
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(descriptor)
+    return KnownLocations(counter)

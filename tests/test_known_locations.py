@@ -1,0 +1,91 @@
+"""What lets a reader skip the daemon: the daemon's generation counter (`InPlaceWatch`) and a
+reader's table of remembered locations (`KnownLocations`) over the same file, without a mount;
+tests/test_file_reads.py covers the same through real mounts."""
+
+from __future__ import annotations
+
+import pytest
+
+from avafs import known_locations as known_module
+from avafs.in_place_watch import InPlaceWatch
+from avafs.known_locations import known_locations
+
+ANSWER = {"data/a.bin": ("disk/blocks/ab/abcd", 10)}
+
+
+@pytest.fixture
+def watch(tmp_path):
+    watch = InPlaceWatch(tmp_path)
+    watch.watch([("", "data/")], [("", ""), ("", "data/")])
+    yield watch
+    watch.close()
+
+
+def remembered(tmp_path, watch: InPlaceWatch):
+    table = known_locations(str(tmp_path))
+    table.begin()
+    table.keep(watch.generation, ANSWER, 60.0, now=0.0)
+    return table
+
+
+def test_only_changes_that_can_alter_an_answer_move_the_generation(tmp_path, watch):
+    table = remembered(tmp_path, watch)
+    for unrelated in ("logs/step.log", "logs/", "other.bin", "data2/x", "dat"):
+        watch.changed("", unrelated)
+    watch.changed("second-source", "data/a.bin")
+    table.begin()
+    assert table.get("data/a.bin", now=1.0) == ("disk/blocks/ab/abcd", 10)
+
+    for relevant in ("data/new.bin", "data/", "data"):
+        table = remembered(tmp_path, watch)
+        watch.changed("", relevant)
+        table.begin()
+        assert table.get("data/a.bin", now=1.0) is None, relevant
+
+
+def test_an_answer_is_kept_only_under_the_generation_in_force_and_for_as_long_as_it_says(
+        tmp_path, watch):
+    table = known_locations(str(tmp_path))
+    table.begin()
+    table.keep(watch.generation + 1, ANSWER, 60.0, now=0.0)
+    assert table.get("data/a.bin", now=1.0) is None, "resolved under another generation"
+    table.keep(watch.generation, ANSWER, 0.0, now=0.0)
+    assert table.get("data/a.bin", now=0.0) is None, "the daemon allowed no keeping"
+    table.keep(watch.generation, ANSWER, 5.0, now=0.0)
+    assert table.get("data/a.bin", now=4.9) is not None
+    assert table.get("data/a.bin", now=5.0) is None
+    table.forget("data/a.bin")
+    assert table.get("data/a.bin", now=1.0) is None
+
+
+def test_a_stopped_or_restarted_daemon_invalidates_everything(tmp_path):
+    first = InPlaceWatch(tmp_path)
+    table = remembered(tmp_path, first)
+    first.close()
+    first.changed("", "data/a.bin")  # an upload settling during shutdown
+    table.begin()
+    assert table.get("data/a.bin", now=1.0) is None
+    table.keep(table.begin(), ANSWER, 60.0, now=0.0)
+    assert table.get("data/a.bin", now=1.0) is None, "nothing is kept under a stopped daemon"
+
+    second = InPlaceWatch(tmp_path)
+    try:
+        assert table.begin() == second.generation != first.generation
+    finally:
+        second.close()
+
+
+def test_the_table_stops_growing_at_its_cap(tmp_path, watch, monkeypatch):
+    monkeypatch.setattr(known_module, "MAX_LOCATIONS", 2)
+    table = known_locations(str(tmp_path))
+    table.begin()
+    answers = {f"data/{index}": (f"disk/blocks/{index}", 1) for index in range(4)}
+    table.keep(watch.generation, answers, 60.0, now=0.0)
+    assert [table.get(f"data/{index}", now=1.0) is not None for index in range(4)] == \
+        [True, True, False, False]
+    table.keep(watch.generation, {"data/0": ("disk/blocks/new", 1)}, 60.0, now=0.0)
+    assert table.get("data/0", now=1.0) == ("disk/blocks/new", 1)
+
+
+def test_no_table_where_the_daemon_keeps_no_generation(tmp_path):
+    assert known_locations(str(tmp_path / "old-daemon")) is None
