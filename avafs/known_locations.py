@@ -34,14 +34,18 @@ class KnownLocations:
         self._counter = counter
         self._generation = CLOSED
         self._entries: dict[str, tuple[str, int, float]] = {}
+        self.lock = threading.Lock()
+        """Keeps a `keep` checked against one generation from writing into the table of the
+        next (readers in threads share the table)."""
 
     def begin(self) -> int:
         """Start a batch: forget everything if the daemon's generation moved. Returns the
         generation the batch's answers must carry to be kept."""
         generation = GENERATION.unpack_from(self._counter)[0]
-        if generation != self._generation:
-            self._entries = {}
-            self._generation = generation
+        with self.lock:
+            if generation != self._generation:
+                self._entries = {}
+                self._generation = generation
         return generation
 
     def get(self, relative: str, now: float) -> tuple[str, int] | None:
@@ -55,12 +59,13 @@ class KnownLocations:
              now: float) -> None:
         """Keep in-place answers the daemon gave under `generation`, if that is still the one
         in force here (a later `begin` saw no move since)."""
-        if generation != self._generation or generation == CLOSED or keep_for <= 0:
-            return
         until = now + keep_for
-        for relative, (path, size) in answers.items():
-            if len(self._entries) < MAX_LOCATIONS or relative in self._entries:
-                self._entries[relative] = (path, size, until)
+        with self.lock:
+            if generation != self._generation or generation == CLOSED or keep_for <= 0:
+                return
+            for relative, (path, size) in answers.items():
+                if len(self._entries) < MAX_LOCATIONS or relative in self._entries:
+                    self._entries[relative] = (path, size, until)
 
     def forget(self, relative: str) -> None:
         self._entries.pop(relative, None)
@@ -71,9 +76,12 @@ _tables_lock = threading.Lock()
 
 
 def _unlock_in_child() -> None:
-    """A DataLoader worker forked while another thread held the lock must not inherit it held."""
+    """A DataLoader worker forked while another thread held a lock must not inherit it held."""
     global _tables_lock
     _tables_lock = threading.Lock()
+    for table in _tables.values():
+        if table is not None:
+            table.lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_unlock_in_child)

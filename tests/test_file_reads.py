@@ -24,10 +24,13 @@ def object_gets(server, bucket: str) -> int:
                and "list-type" not in line and "prefix=" not in line)
 
 
-def wait_for_disk_tier(reader: Client, files: int) -> None:
-    """Fetched blocks reach the disk tier after their readers have them."""
+def wait_for_disk_tier(reader: Client, paths: list) -> None:
+    """Fetched blocks reach the disk tier after their readers have them; wait until the daemon
+    would answer every path in place (its blocks written and known good), without keeping the
+    answers. The tier's file count is not enough: it counts a block from the start of its write."""
+    relatives = [reader.relative(path) for path in paths]
     deadline = time.monotonic() + 30
-    while reader.status()["tiers"]["disk"]["files"] < files:
+    while len(reader._read_request(relatives, in_place=True)[0]["files"]) < len(paths):
         assert time.monotonic() < deadline, "blocks never reached the disk tier"
         time.sleep(0.05)
 
@@ -115,7 +118,7 @@ def test_warm_files_are_read_in_place_and_a_block_evicted_meanwhile_is_asked_for
     reader = Client(mnt)
     paths = [mnt / key for key in files]
     assert reader.read_files(paths) == list(files.values())
-    wait_for_disk_tier(reader, len(files))
+    wait_for_disk_tier(reader, paths)
     before = reader.status()["hits"]
 
     assert reader.read_files(paths) == list(files.values())
@@ -135,7 +138,7 @@ def test_blocks_left_by_an_earlier_mount_are_checked_before_anyone_reads_them_in
     (local_bucket / "f.bin").write_bytes(data)
     mnt = mount(local_bucket.as_uri())
     assert Client(mnt).read_files([mnt / "f.bin"]) == [data]
-    wait_for_disk_tier(Client(mnt), 1)
+    wait_for_disk_tier(Client(mnt), [mnt / "f.bin"])
     unmount(mnt)
     [block] = [path for path in (tmp_path / "cache" / "disk" / "blocks").rglob("*")
                if path.is_file()]
@@ -152,7 +155,7 @@ def test_a_cache_dir_this_process_cannot_open_turns_in_place_reads_off(local_buc
     mnt = mount(local_bucket.as_uri())
     reader = Client(mnt)
     assert reader.read_files([mnt / "f"]) == [b"sample"]
-    wait_for_disk_tier(reader, 1)
+    wait_for_disk_tier(reader, [mnt / "f"])
     # What another mount namespace sees: the socket, but not the cache dir behind it.
     reader._cache_dir = str(local_bucket / "f")
     assert reader.read_files([mnt / "f"]) == [b"sample"]
@@ -219,7 +222,7 @@ def daemon_hits(reader: Client) -> int:
 def remembered(reader: Client, paths: list) -> list[bytes]:
     """Reads `paths` until the daemon answers them in place, so this process remembers them."""
     reader.read_files(paths)
-    wait_for_disk_tier(reader, len(paths))
+    wait_for_disk_tier(reader, paths)
     return reader.read_files(paths)
 
 
