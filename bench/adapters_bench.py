@@ -4,8 +4,8 @@
                                    [--warm-epochs 8]
 
 Writes `--files` one-file samples to a local directory, mounts that directory with avafs as a
-file:// bucket, reads it once through the mount to warm the caches, then times full epochs
-through a DataLoader, alternating the local directory and the mount so both see the same
+file:// bucket, runs `--warm-epochs` untimed epochs to warm the caches, then times full
+epochs through a DataLoader, alternating the local directory and the mount so both see the same
 machine load. Prints the median samples/s of each and their ratio (target: mount >= 0.8x
 local) for three ways of reading: `AvaIterableDataset` over the files with new workers every
 epoch (the iterable dataset's documented use), `AvaMapDataset` over the same files with a
