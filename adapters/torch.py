@@ -159,6 +159,11 @@ class AvaIterableDataset(torch.utils.data.IterableDataset):
         self.coordinator = coordinator
         self.task_size = task_size or (1 if fmt.is_sharded else 100)
         self.epoch = 0
+        self._epoch_set = torch.zeros((), dtype=torch.int64).share_memory_()
+        """The epoch `set_epoch` chose, in memory shared with this dataset's DataLoader workers
+        (a torch tensor travels as shared memory to forked and spawned workers alike, and is
+        copied by `pickle` and `deepcopy`): persistent workers take it up at their next
+        iteration."""
         self._consumed = 0
         self._resume_at = 0
         self._resume_slot: ReaderSlot | None = None
@@ -186,9 +191,12 @@ class AvaIterableDataset(torch.utils.data.IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Selects the epoch's order; call before iterating each epoch, as with DistributedSampler.
 
-        Workers copy the dataset when an iteration starts, so use non-persistent workers (the
-        default) for the new epoch to reach them.
+        Reaches the DataLoader's workers too, persistent ones included, at their next iteration.
         """
+        self._epoch_set.fill_(epoch)
+        self._follow_epoch(epoch)
+
+    def _follow_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
             self.epoch = epoch
             self._consumed = self._resume_at = 0
@@ -204,6 +212,7 @@ class AvaIterableDataset(torch.utils.data.IterableDataset):
             raise ValueError(f"state was saved with seed {state['seed']}, this dataset has "
                              f"seed {self.reader.seed}")
         self.epoch = state["epoch"]
+        self._epoch_set.fill_(self.epoch)
         self._consumed = self._resume_at = state["consumed"]
         self._resume_slot = None if state["slot"] is None else ReaderSlot(*state["slot"])
 
@@ -214,6 +223,7 @@ class AvaIterableDataset(torch.utils.data.IterableDataset):
         return self.reader.span_length(*self._rank())
 
     def __iter__(self) -> Iterator[Any]:
+        self._follow_epoch(int(self._epoch_set))
         slot = self._current_slot()
         skip, self._resume_at = self._resume_at, 0
         if skip and self._resume_slot not in (None, slot):

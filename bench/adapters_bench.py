@@ -7,9 +7,10 @@ Writes `--files` one-file samples to a local directory, mounts that directory wi
 file:// bucket, runs `--warm-epochs` untimed epochs to warm the caches, then times full
 epochs through a DataLoader, alternating the local directory and the mount so both see the same
 machine load. Prints the median samples/s of each and their ratio (target: mount >= 0.8x
-local) for three ways of reading: `AvaIterableDataset` over the files with new workers every
-epoch (the iterable dataset's documented use), `AvaMapDataset` over the same files with a
-shuffling sampler and persistent workers (which keep the locations of files read in place
+local) for four ways of reading: `AvaIterableDataset` over the files with a new dataset and new
+workers every epoch (DataLoader's defaults), the same dataset with persistent workers and
+`set_epoch` reshuffling every epoch, `AvaMapDataset` over the same files with a shuffling
+sampler and persistent workers (persistent workers keep the locations of files read in place
 from one epoch to the next), and `AvaIterableDataset` over tar shards of the same samples.
 Everything it creates (files, mount, cache) is removed at the end.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import shutil
 import statistics
 import subprocess
@@ -71,6 +73,20 @@ def iterable_epochs(path: Path, fmt: str, workers: int, batch_size: int, on_moun
     return epoch
 
 
+def persistent_iterable_epochs(path: Path, workers: int, batch_size: int,
+                               on_mount: bool) -> Epoch:
+    """One dataset and one DataLoader with persistent workers; `set_epoch` reshuffles."""
+    dataset = AvaIterableDataset.from_prefix(path, require_mount=on_mount, shuffle=True, seed=0)
+    loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers,
+                        persistent_workers=workers > 0, collate_fn=len)
+    numbers = itertools.count()
+
+    def epoch() -> float:
+        dataset.set_epoch(next(numbers))
+        return timed(loader)
+    return epoch
+
+
 def map_epochs(path: Path, workers: int, batch_size: int, on_mount: bool) -> Epoch:
     """One dataset and one DataLoader with persistent workers for every epoch."""
     dataset = AvaMapDataset.from_prefix(path, require_mount=on_mount)
@@ -111,6 +127,8 @@ def main() -> int:
         cases: dict[str, Callable[[Path, bool], Epoch]] = {
             "files": lambda root, on_mount: iterable_epochs(
                 root / "files", "files", args.workers, args.batch_size, on_mount),
+            "files, persistent": lambda root, on_mount: persistent_iterable_epochs(
+                root / "files", args.workers, args.batch_size, on_mount),
             "files, map, persistent": lambda root, on_mount: map_epochs(
                 root / "files", args.workers, args.batch_size, on_mount),
             "tar": lambda root, on_mount: iterable_epochs(

@@ -119,6 +119,28 @@ def test_shuffle_is_seeded_and_changes_with_the_epoch(tmp_path):
     assert sorted(order(1, 1)) == sorted(keys) and order(1, 0) != keys
 
 
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_persistent_workers_follow_set_epoch(tmp_path, context):
+    root = tmp_path / "files"
+    keys = make_files(root, 47)
+
+    def dataset() -> AvaIterableDataset:
+        return AvaIterableDataset.from_prefix(root, shuffle=True, seed=5, require_mount=False)
+
+    persistent = dataset()
+    loader = DataLoader(persistent, batch_size=4, num_workers=2, persistent_workers=True,
+                        multiprocessing_context=context)
+    orders = []
+    for epoch in (0, 1, 1, 2):
+        persistent.set_epoch(epoch)
+        fresh = dataset()
+        fresh.set_epoch(epoch)
+        orders.append(keys_of(loader))
+        assert orders[-1] == keys_of(DataLoader(fresh, batch_size=4, num_workers=2))
+    assert sorted(orders[0]) == sorted(keys)
+    assert orders[0] != orders[1] == orders[2] != orders[3]
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_resume_yields_exactly_the_samples_not_yet_consumed(tmp_path, num_workers):
     root = tmp_path / "tar"
