@@ -8,6 +8,7 @@ LOCK_FILE = "lock"
 DISK_TIER_DIR = "disk"
 WRITEBACK_DIR = "writeback"
 GENERATION_FILE = "generation"
+LOCATIONS_FILE = "locations"
 
 
 def log_path(cache_dir: Path) -> Path:

@@ -141,9 +141,9 @@ class Client:
         Files the daemon's disk tier holds are read here, in place, from the cache dir (Alluxio's
         short-circuit read): the daemon only looks them up, and this process remembers where
         they were for as long as the daemon allows (`known_locations.py`), so reading them again
-        needs no request. One evicted meanwhile is asked for again; a cache dir this process
-        cannot read (another mount namespace, other user) turns in-place reads off for this
-        client."""
+        needs no request; nor does a file the daemon told another reader about, through its
+        snapshot. One evicted meanwhile is asked for again; a cache dir this process cannot
+        read (another mount namespace, other user) turns in-place reads off for this client."""
         paths = list(paths)
         relatives = [self.relative(path) for path in paths]
         contents: list[bytes | None] = [None] * len(paths)
@@ -151,12 +151,9 @@ class Client:
         if known is not None:
             known.begin()
             now = time.monotonic()
-            for index, relative in enumerate(relatives):
-                located = known.get(relative, now)
-                if located is not None:
-                    contents[index] = self._read_in_place(*located)
-                    if contents[index] is None:
-                        known.forget(relative)
+            self._read_remembered(relatives, contents, known, now)
+            if None in contents and known.load_snapshot(now):
+                self._read_remembered(relatives, contents, known, now)
         missed = [index for index, data in enumerate(contents) if data is None]
         if missed:
             fetched = self._read_files([paths[index] for index in missed],
@@ -165,6 +162,18 @@ class Client:
             for index, data in zip(missed, fetched, strict=True):
                 contents[index] = data
         return contents  # type: ignore[return-value]
+
+    def _read_remembered(self, relatives: list[str], contents: list[bytes | None],
+                         known: KnownLocations, now: float) -> None:
+        """Fills in `contents` that are still missing from the files `known` remembers."""
+        for index, relative in enumerate(relatives):
+            if contents[index] is not None:
+                continue
+            located = known.get(relative, now)
+            if located is not None:
+                contents[index] = self._read_in_place(*located)
+                if contents[index] is None:
+                    known.forget(relative)
 
     def _read_files(self, paths: list[str | os.PathLike], relatives: list[str], in_place: bool,
                     known: KnownLocations | None) -> list[bytes]:

@@ -20,12 +20,13 @@ from pathlib import Path
 import prometheus_client
 import trio
 
-from .cache_dir import DISK_TIER_DIR, LOCK_FILE, PID_FILE, WRITEBACK_DIR, log_path
+from .cache_dir import DISK_TIER_DIR, LOCATIONS_FILE, LOCK_FILE, PID_FILE, WRITEBACK_DIR, log_path
 from .control import SOCKET_NAME, ControlServer, Progress
 from .errors import AvafsError
 from .file_reads import FileReads
 from .fuse_ops import AvafsOperations
 from .in_place_watch import InPlaceWatch
+from .location_snapshot import LocationSnapshot
 from .metrics import Metrics
 from .mounts import AVAFS_FSTYPE, mount_at
 from .namespace import Namespace
@@ -99,6 +100,7 @@ class Filesystem:
                                        options.writeback == "sync", options.writeback_delay)
         self.namespace = Namespace(self.stores, options.effective_metadata_ttl, self.writeback)
         self.in_place = InPlaceWatch(options.cache_dir)
+        self.locations = LocationSnapshot(options.cache_dir / LOCATIONS_FILE)
         self.namespace.on_changed = self.in_place.changed
         if self.writeback is not None:
             self.writeback.on_settled = self.namespace.settled
@@ -119,7 +121,8 @@ class Filesystem:
                 "queued": self.prefetcher.submit(request["items"])},
             "evict": self._evict,
             "flush": self._flush,
-            "read": FileReads(self.namespace, self.stack, self.writeback, self.in_place).handle,
+            "read": FileReads(self.namespace, self.stack, self.writeback, self.in_place,
+                              self.locations).handle,
             "list": self._list,
         })
         if options.metrics_addr:
@@ -174,6 +177,7 @@ class Filesystem:
         """Stop uploading (what is pending stays journaled for the next mount) and close."""
         self.in_place.close()
         self.control.close()
+        self.locations.close()
         if self.uploader is not None:
             self.uploader.stop()
         if self.writeback is not None:

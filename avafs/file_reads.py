@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from typing import Any
 
 from .cache_dir import DISK_TIER_DIR
 from .control import WithPayload
 from .errors import AvafsError, ObjectChangedError
 from .in_place_watch import InPlaceWatch
+from .location_snapshot import LocationSnapshot
 from .namespace import Namespace
 from .tiers.stack import ObjectRef, TierStack
 from .writeback.manager import WriteBack, parent_prefix
@@ -37,11 +39,12 @@ Plan = ObjectRef | Pending | OSError
 
 class FileReads:
     def __init__(self, namespace: Namespace, stack: TierStack, writeback: WriteBack | None,
-                 watch: InPlaceWatch) -> None:
+                 watch: InPlaceWatch, snapshot: LocationSnapshot) -> None:
         self.namespace = namespace
         self.stack = stack
         self.writeback = writeback
         self.watch = watch
+        self.snapshot = snapshot
 
     def handle(self, request: dict[str, Any], progress: object) -> WithPayload:
         """The "read" control operation: {"paths": [...]} -> sizes, per-path errors (errno and
@@ -52,7 +55,9 @@ class FileReads:
         and left out of the bytes: a reader on this machine reads them itself, so the daemon's
         share of a warm sample is a lookup, not a copy through its one GIL and the socket.
         Such an answer also says how long it may be kept ("keep_for", seconds) and under
-        which generation ("generation", see `in_place_watch.py`; absent: do not keep it)."""
+        which generation ("generation", see `in_place_watch.py`; absent: do not keep it).
+        Answers that may be kept go to the snapshot for other readers too."""
+        started = time.monotonic()
         generation, changes = self.watch.generation, self.watch.changes
         listings: dict = {}
         directories: set[tuple[str, str]] = set()
@@ -83,9 +88,15 @@ class FileReads:
                                   "files": files}
         if files:
             self.watch.watch(directories, listings)
-            result["keep_for"] = min(KEEP_LOCATIONS_FOR, self.namespace.fresh_for(listings.values()))
+            keep_for = min(KEEP_LOCATIONS_FOR, self.namespace.fresh_for(listings.values()))
+            result["keep_for"] = keep_for
             if self.watch.changes == changes:
                 result["generation"] = generation
+                if keep_for > 0:
+                    paths = request["paths"]
+                    self.snapshot.add(generation, {paths[int(index)]: located
+                                                   for index, located in files.items()},
+                                      started + keep_for)
         return WithPayload(result, payload)
 
     def _plan(self, path: str, listings: dict, directories: set[tuple[str, str]]) -> Plan:

@@ -10,8 +10,9 @@ machine load. Prints the median samples/s of each and their ratio (target: mount
 local) for four ways of reading: `AvaIterableDataset` over the files with a new dataset and new
 workers every epoch (DataLoader's defaults), the same dataset with persistent workers and
 `set_epoch` reshuffling every epoch, `AvaMapDataset` over the same files with a shuffling
-sampler and persistent workers (persistent workers keep the locations of files read in place
-from one epoch to the next), and `AvaIterableDataset` over tar shards of the same samples.
+sampler and persistent workers, and `AvaIterableDataset` over tar shards of the same samples.
+Workers remember where the files they read in place are; fresh workers take up what earlier
+ones were told from the daemon's snapshot (`avafs/location_snapshot.py`).
 Everything it creates (files, mount, cache) is removed at the end.
 """
 
@@ -106,9 +107,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers")
     parser.add_argument("--warm-epochs", type=int, default=8,
-                        help="untimed epochs first: each persistent worker learns where the files "
-                             "it reads are, a random half of them per epoch with 2 workers, and "
-                             "a batch with one file it does not know costs a request")
+                        help="untimed epochs first, to fill the mount's caches and the readers' "
+                             "tables of where files are")
     parser.add_argument("--batch-size", type=int, default=64)
     args = parser.parse_args()
 
@@ -137,7 +137,7 @@ def main() -> int:
         for name, make in cases.items():
             epochs = {on_mount: make(mountpoint if on_mount else local, on_mount)
                       for on_mount in (False, True)}
-            for _ in range(args.warm_epochs):  # the mount's caches, persistent workers' tables
+            for _ in range(args.warm_epochs):
                 for on_mount in (False, True):
                     epochs[on_mount]()
             rates: dict[bool, list[float]] = {False: [], True: []}

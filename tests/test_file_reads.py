@@ -1,12 +1,16 @@
 """`Client.read_files` and `Client.list_files`: whole files and recursive listings in one request
 to the daemon, as reading them through the mount gives them (clean files, pending writes,
-pending renames, errors; warm files read in place from the disk tier), with real daemons."""
+pending renames, errors; warm files read in place from the disk tier, and remembered by readers
+and by the daemon's snapshot for readers to come), with real daemons."""
 
 from __future__ import annotations
 
+import marshal
 import multiprocessing
 import os
 import pickle
+import subprocess
+import sys
 import threading
 import time
 
@@ -14,6 +18,7 @@ import pytest
 from datasets import payload
 from support import unmount
 
+from avafs.cache_dir import LOCATIONS_FILE
 from avafs.client import AvafsError, Client
 
 KiB = 1024
@@ -121,10 +126,12 @@ def test_warm_files_are_read_in_place_and_a_block_evicted_meanwhile_is_asked_for
     wait_for_disk_tier(reader, paths)
     before = reader.status()["hits"]
 
-    assert reader.read_files(paths) == list(files.values())
+    answer, answered = reader._read_request([reader.relative(path) for path in paths], True)
     after = reader.status()["hits"]
+    assert sorted(answer["files"]) == sorted(str(index) for index in range(len(files)))
     assert after["disk"] - before["disk"] == len(files), "answered with the disk tier's files"
-    assert after["ram"] == before["ram"], "no bytes went through the daemon"
+    assert answered == b"" and after["ram"] == before["ram"], "no bytes went through the daemon"
+    assert reader.read_files(paths) == list(files.values())
 
     for block in (tmp_path / "cache" / "disk" / "blocks").rglob("*"):
         if block.is_file():
@@ -284,3 +291,46 @@ def test_locations_remembered_from_an_earlier_daemon_are_dropped(local_bucket, m
     (local_bucket / "f.bin").write_bytes(payload(2, 20 * KiB))
     mount(local_bucket.as_uri(), mountpoint=mnt)
     assert reader.read_files([mnt / "f.bin"]) == [payload(2, 20 * KiB)]
+
+
+def read_in_new_process(mnt, paths: list) -> list[bytes]:
+    """`read_files` in a process of its own, as a DataLoader's fresh worker of a new epoch."""
+    code = ("import pickle, sys; from avafs.client import Client; "
+            "sys.stdout.buffer.write(pickle.dumps(Client(sys.argv[1]).read_files(sys.argv[2:])))")
+    done = subprocess.run([sys.executable, "-c", code, str(mnt), *map(str, paths)],
+                          capture_output=True, check=True, timeout=60)
+    return pickle.loads(done.stdout)
+
+
+def snapshot_holds(cache_dir, reader: Client, paths: list) -> None:
+    """Waits until the daemon's snapshot (written in the background) names every path."""
+    relatives = {reader.relative(path) for path in paths}
+    deadline = time.monotonic() + 10
+    while not relatives <= set(marshal.loads((cache_dir / LOCATIONS_FILE).read_bytes())[2]
+                               if (cache_dir / LOCATIONS_FILE).exists() else ()):
+        assert time.monotonic() < deadline, "the snapshot never caught up"
+        time.sleep(0.05)
+
+
+def test_a_new_reader_process_reads_what_earlier_ones_were_answered_without_asking(
+        local_bucket, mount, tmp_path):
+    files = {f"data/{i:02d}.bin": payload(i, 16 * KiB + i) for i in range(20)}
+    (local_bucket / "data").mkdir()
+    for key, data in files.items():
+        (local_bucket / key).write_bytes(data)
+    mnt = mount(local_bucket.as_uri())
+    reader = Client(mnt)
+    paths = [mnt / key for key in files]
+    assert remembered(reader, paths) == list(files.values())
+    snapshot_holds(tmp_path / "cache", reader, paths)
+    hits = daemon_hits(reader)
+    assert read_in_new_process(mnt, paths) == list(files.values())
+    assert daemon_hits(reader) == hits, "the new process asked for nothing"
+
+    (mnt / "data" / "03.bin").write_bytes(b"rewritten")
+    expected = [*list(files.values())[:3], b"rewritten", *list(files.values())[4:]]
+    assert read_in_new_process(mnt, paths) == expected
+    assert daemon_hits(reader) > hits, "a snapshot from before the write is not trusted"
+
+    unmount(mnt)
+    assert not (tmp_path / "cache" / LOCATIONS_FILE).exists()

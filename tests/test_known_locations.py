@@ -1,14 +1,19 @@
-"""What lets a reader skip the daemon: the daemon's generation counter (`InPlaceWatch`) and a
-reader's table of remembered locations (`KnownLocations`) over the same file, without a mount;
-tests/test_file_reads.py covers the same through real mounts."""
+"""What lets a reader skip the daemon: the daemon's generation counter (`InPlaceWatch`), a
+reader's table of remembered locations (`KnownLocations`) and the daemon's snapshot of answers
+(`LocationSnapshot`) over the same files, without a mount; tests/test_file_reads.py covers the
+same through real mounts."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
 from avafs import known_locations as known_module
+from avafs.cache_dir import LOCATIONS_FILE
 from avafs.in_place_watch import InPlaceWatch
 from avafs.known_locations import known_locations
+from avafs.location_snapshot import LocationSnapshot
 
 ANSWER = {"data/a.bin": ("disk/blocks/ab/abcd", 10)}
 
@@ -89,3 +94,40 @@ def test_the_table_stops_growing_at_its_cap(tmp_path, watch, monkeypatch):
 
 def test_no_table_where_the_daemon_keeps_no_generation(tmp_path):
     assert known_locations(str(tmp_path / "old-daemon")) is None
+
+
+def taken_up(table) -> bool:
+    """Loads the daemon's snapshot as a reader that misses does, once its writer has caught up."""
+    deadline = time.monotonic() + 5
+    while not table.load_snapshot(time.monotonic()):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_a_reader_takes_up_answers_given_to_others_under_the_same_generation(tmp_path, watch):
+    snapshot = LocationSnapshot(tmp_path / LOCATIONS_FILE)
+    table = known_locations(str(tmp_path))
+    table.begin()
+    now = time.monotonic()
+    snapshot.add(watch.generation, ANSWER, until=now + 60)
+    snapshot.add(watch.generation, {"data/old.bin": ("disk/blocks/ef/ef01", 3)}, until=now)
+    assert table.get("data/a.bin", now) is None
+    assert taken_up(table)
+    assert table.get("data/a.bin", time.monotonic()) == ("disk/blocks/ab/abcd", 10)
+    assert table.get("data/old.bin", time.monotonic()) is None, "expired: not taken up"
+    assert not table.load_snapshot(time.monotonic() + 1), "unchanged since: not read again"
+
+    watch.changed("", "data/new.bin")
+    table.begin()
+    assert table.get("data/a.bin", time.monotonic()) is None
+    assert not table.load_snapshot(time.monotonic()), "written under the generation before"
+    snapshot.add(watch.generation, {"data/new.bin": ("disk/blocks/cd/cd01", 5)},
+                 until=time.monotonic() + 60)
+    assert taken_up(table)
+    assert table.get("data/new.bin", time.monotonic()) == ("disk/blocks/cd/cd01", 5)
+    assert table.get("data/a.bin", time.monotonic()) is None, "the older generation is dropped"
+
+    snapshot.close()
+    assert not (tmp_path / LOCATIONS_FILE).exists()
