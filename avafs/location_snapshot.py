@@ -40,6 +40,8 @@ beyond it as before."""
 class LocationSnapshot:
     def __init__(self, path: Path) -> None:
         self._path = path
+        self._partial = path.with_name(path.name + ".partial")
+        self._failing = False
         self._lock = threading.Lock()
         self._generation = CLOSED
         self._entries: dict[str, Location] = {}
@@ -69,6 +71,7 @@ class LocationSnapshot:
         self._added.set()
         self._thread.join()
         self._path.unlink(missing_ok=True)
+        self._partial.unlink(missing_ok=True)
 
     def _write_loop(self) -> None:
         while True:
@@ -79,9 +82,12 @@ class LocationSnapshot:
             started = time.monotonic()
             try:
                 self._write()
+                self._failing = False
             except OSError as error:
-                log.warning("could not write %s (readers will ask for each file): %s",
-                            self._path, error)
+                if not self._failing:
+                    log.warning("could not write %s (readers will ask for each file until it "
+                                "can be written): %s", self._path, error)
+                self._failing = True
             spent = time.monotonic() - started
             if self._closing.wait(max(WRITE_EVERY, spent / WRITING_SHARE)):
                 return
@@ -92,6 +98,5 @@ class LocationSnapshot:
             self._entries = {relative: entry for relative, entry in self._entries.items()
                              if entry[2] > now}
             data = marshal.dumps((SNAPSHOT_FORMAT, self._generation, self._entries))
-        partial = self._path.with_name(self._path.name + ".partial")
-        partial.write_bytes(data)
-        os.replace(partial, self._path)
+        self._partial.write_bytes(data)
+        os.replace(self._partial, self._path)
