@@ -169,6 +169,31 @@ def test_resume_yields_exactly_the_samples_not_yet_consumed(tmp_path, num_worker
         assert consumed + rest == full
 
 
+
+def test_persistent_workers_resume_mid_epoch_then_follow_the_next_epoch(tmp_path):
+    root = tmp_path / "tar"
+    make_tar_shards(root, [13, 8, 21, 6, 17])
+
+    def loader(epoch: int) -> tuple[AvaIterableDataset, StatefulDataLoader]:
+        dataset = AvaIterableDataset.from_prefix(root, format="tar", shuffle=True, seed=3,
+                                                 shuffle_block_size=6, require_mount=False)
+        dataset.set_epoch(epoch)
+        return dataset, StatefulDataLoader(dataset, batch_size=4, num_workers=2,
+                                           persistent_workers=True, prefetch_factor=4)
+
+    interrupted = loader(2)[1]
+    batches = iter(interrupted)
+    consumed = [key for batch in itertools.islice(batches, 5) for key in batch["__key__"]]
+    state = interrupted.state_dict()
+    del batches, interrupted
+
+    dataset, resumed = loader(2)
+    resumed.load_state_dict(state)  # the workers load it, and with it the epoch they share
+    rest = keys_of(resumed)
+    assert sorted(consumed + rest) == sorted(keys_of(loader(2)[1]))
+    dataset.set_epoch(3)
+    assert keys_of(resumed) == keys_of(loader(3)[1])
+
 def _ddp_rank(rank: int, port: int, root: str, result_dir: str) -> None:
     store = torch.distributed.TCPStore("127.0.0.1", port, is_master=False)
     torch.distributed.init_process_group("gloo", store=store, rank=rank, world_size=2)
