@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from datasets import payload
@@ -233,8 +234,9 @@ def remembered(reader: Client, paths: list) -> list[bytes]:
     return reader.read_files(paths)
 
 
-def test_remembered_files_are_read_without_the_daemon_until_their_directory_changes(
-        local_bucket, mount):
+def remembered_data_dir(local_bucket, mount) -> tuple[dict[str, bytes], Path, Client, list]:
+    """20 files of 16 KiB under data/, mounted and read until this process remembers them:
+    (files by key, mountpoint, reader, paths)."""
     files = {f"data/{i:02d}.bin": payload(i, 16 * KiB + i) for i in range(20)}
     (local_bucket / "data").mkdir()
     for key, data in files.items():
@@ -243,6 +245,12 @@ def test_remembered_files_are_read_without_the_daemon_until_their_directory_chan
     reader = Client(mnt)
     paths = [mnt / key for key in files]
     assert remembered(reader, paths) == list(files.values())
+    return files, mnt, reader, paths
+
+
+def test_remembered_files_are_read_without_the_daemon_until_their_directory_changes(
+        local_bucket, mount):
+    files, mnt, reader, paths = remembered_data_dir(local_bucket, mount)
     hits = daemon_hits(reader)
     assert reader.read_files(paths) == list(files.values())
     assert daemon_hits(reader) == hits, "no request for files read in place before"
@@ -314,14 +322,7 @@ def snapshot_holds(cache_dir, reader: Client, paths: list) -> None:
 
 def test_a_new_reader_process_reads_what_earlier_ones_were_answered_without_asking(
         local_bucket, mount, tmp_path):
-    files = {f"data/{i:02d}.bin": payload(i, 16 * KiB + i) for i in range(20)}
-    (local_bucket / "data").mkdir()
-    for key, data in files.items():
-        (local_bucket / key).write_bytes(data)
-    mnt = mount(local_bucket.as_uri())
-    reader = Client(mnt)
-    paths = [mnt / key for key in files]
-    assert remembered(reader, paths) == list(files.values())
+    files, mnt, reader, paths = remembered_data_dir(local_bucket, mount)
     snapshot_holds(tmp_path / "cache", reader, paths)
     hits = daemon_hits(reader)
     assert read_in_new_process(mnt, paths) == list(files.values())
