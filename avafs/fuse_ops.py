@@ -276,7 +276,8 @@ class AvafsOperations(pyfuse3.Operations):
         data = self.stack.read_small(ref, off, size)
         if data is not None:
             return data
-        self._read_ahead(handle, off, size)
+        if ref.size > self.stack.block_size:  # a one-block file is loaded by `stack.read`
+            self._read_ahead(handle, off, size)
         data = self.stack.read_from_ram(ref, off, size)
         if data is None:
             data = await self._blocking(self.stack.read, ref, off, size)

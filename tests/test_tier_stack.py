@@ -8,8 +8,10 @@ of a sequential reader (a regression once made remounted files read block by blo
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -103,3 +105,41 @@ def test_small_objects_are_read_from_disk_in_the_callers_thread(tmp_path, stack)
     assert stack.is_cached(small, 0, "ram")
     assert stack.metrics.value(stack.metrics.hits, "disk") == 1
     assert _gets(stack) == gets
+
+
+class _GatedStore(LocalStore):
+    """Records which threads fetch, and holds each fetch until `gate` opens."""
+
+    def __init__(self, root) -> None:
+        super().__init__(root)
+        self.gate = threading.Event()
+        self.fetching_threads: list[int] = []
+
+    def get_range(self, key: str, start: int, length: int, etag: str) -> bytes:
+        self.fetching_threads.append(threading.get_ident())
+        assert self.gate.wait(10), "the test never opened the gate"
+        return super().get_range(key, start, length, etag)
+
+
+def test_a_read_missing_one_block_loads_it_in_the_readers_thread(tmp_path, stack):
+    bucket = tmp_path / "one-block-bucket"
+    bucket.mkdir()
+    data = os.urandom(BLOCK - 10)
+    (bucket / "one").write_bytes(data)
+    store = _GatedStore(bucket)
+    info = store.head("one")
+    one = ObjectRef(store.url, store, "one", info.etag, info.size)
+    with ThreadPoolExecutor(2) as readers:
+        first = readers.submit(lambda: (threading.get_ident(), stack.read(one, 0, 100)))
+        deadline = time.monotonic() + 10
+        while not store.fetching_threads:
+            assert time.monotonic() < deadline, "the first read never fetched"
+            time.sleep(0.01)
+        second = readers.submit(stack.read, one, 200, 300)  # waits for the first one's load
+        time.sleep(0.05)
+        store.gate.set()
+        reader_thread, head = first.result(10)
+        assert head == data[:100]
+        assert second.result(10) == data[200:500]
+    assert store.fetching_threads == [reader_thread]
+    assert stack.is_cached(one, 0, "ram") and one.block(0) in stack.disk

@@ -4,7 +4,8 @@ Every block being loaded has one future in `_loading`, whether a reader, a warmu
 read-ahead stream started it, so concurrent readers of a block share one GET, and the global
 in-flight budget (`--inflight-memory`) bounds every fetch, read-ahead included (Mountpoint's
 prefetcher is known to OOM). The disk write of a fetched block happens after waiting readers
-have their data, so it never adds to read latency.
+have their data, so it never adds to their latency; only a read of a single missing block,
+which loads it in the reader's own thread, waits for that write too (see `read`).
 """
 
 from __future__ import annotations
@@ -113,10 +114,16 @@ class TierStack:
         """The bytes of [offset, offset+size), loading blocks as needed (blocks the caller).
 
         `bytes_served` counts what readers get from RAM, and what loads bring from the disk
-        tier or the store (whole blocks, as they are fetched)."""
+        tier or the store (whole blocks, as they are fetched).
+
+        A read that misses a single block (a small file, a random read) loads it in this
+        thread instead of handing it to the fetch pool and waiting: the hand-off and the
+        wake-up cost more CPU than the disk write this thread then waits for (cold small
+        files 2.1 -> 1.7 CPU-ms per file in the daemon, see BENCHMARKS.md)."""
         parts: list[bytes | Future[bytes]] = []
         from_ram = 0
-        for index in block_span(offset, size, ref.size, self.block_size):
+        span = block_span(offset, size, ref.size, self.block_size)
+        for index in span:
             data = self.ram.get(ref.block(index))
             if data is not None:
                 self.metrics.tier_hits["ram"].inc()
@@ -124,7 +131,8 @@ class TierStack:
                 from_ram += min(offset + size, start + len(data)) - max(offset, start)
                 parts.append(data)
             else:
-                parts.append(self._block_future(ref, index, wait_for_slot=True))
+                parts.append(self._block_future(ref, index, wait_for_slot=True,
+                                                inline=len(span) == 1))
         self.metrics.served_from["ram"].inc(from_ram)
         resolved = [part if isinstance(part, bytes) else part.result() for part in parts]
         return self._slice(resolved, offset, size, ref)
@@ -235,16 +243,17 @@ class TierStack:
         return block in self.ram or (tier == "disk" and block in self.disk)
 
     def load(self, ref: ObjectRef, index: int, to_ram: bool, wait: bool = True) -> bool:
-        """Bring one block into the cache for warmup and prefetch; False if no fetch slot was
-        free and `wait` is False (such callers yield to demand reads and retry)."""
-        future = self._block_future(ref, index, wait_for_slot=wait, to_ram=to_ram)
+        """Bring one block into the cache for warmup and prefetch, in this thread (it waits
+        for the block anyway, see `read`); False if no fetch slot was free and `wait` is
+        False (such callers yield to demand reads and retry)."""
+        future = self._block_future(ref, index, wait_for_slot=wait, to_ram=to_ram, inline=True)
         if future is None:
             return False
         future.result()
         return True
 
     def _block_future(self, ref: ObjectRef, index: int, wait_for_slot: bool,
-                      to_ram: bool = True) -> Future[bytes] | None:
+                      to_ram: bool = True, inline: bool = False) -> Future[bytes] | None:
         block = ref.block(index)
         data = self.ram.get(block)
         if data is not None:
@@ -265,7 +274,10 @@ class TierStack:
                 return loading
             future: Future[bytes] = Future()
             self._loading[block] = future
-        self._executor.submit(self._load, ref, block, future, to_ram)
+        if inline:
+            self._load(ref, block, future, to_ram)
+        else:
+            self._executor.submit(self._load, ref, block, future, to_ram)
         return future
 
     def _load(self, ref: ObjectRef, block: BlockId, future: Future[bytes], to_ram: bool) -> None:
