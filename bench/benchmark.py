@@ -34,7 +34,7 @@ from common import MiB, make_dataset, write_local  # noqa: E402
 from mounts import AvafsMount, RcloneMount, S3fsMount, unmount_everything  # noqa: E402
 from profiling import Profiler  # noqa: E402
 from report import PEERS, Results, format_cpu_table, format_table, summarize, write_json  # noqa: E402
-from runner import FuseRound, Setup, run_direct, run_local  # noqa: E402
+from runner import SET_ASIDE, FuseRound, Setup, run_direct, run_local  # noqa: E402
 from workloads import WritePlan, tree_names, write_tree  # noqa: E402
 
 import avafs  # noqa: E402
@@ -150,6 +150,25 @@ def machine() -> dict[str, object]:
             "python": platform.python_version()}
 
 
+def space_needed(args: argparse.Namespace, peers: list[str]) -> int:
+    """Bytes the run writes to the workdir at most: the dataset and, since what each
+    measurement writes is only deleted at the end (`Setup.set_aside`), every round's writes
+    and caches."""
+    dataset = args.large * args.large_size + args.small * args.small_size
+    written = args.write_size + args.small_writes * args.small_size
+    writers = 1 + (len(peers) if args.peer_writes else 0)
+    per_round = written + (1 + len(peers)) * dataset + writers * (written + dataset)
+    return dataset + args.write_size + args.rounds * per_round
+
+
+def check_space(args: argparse.Namespace, peers: list[str], workdir: Path) -> None:
+    needed, free = space_needed(args, peers), shutil.disk_usage(workdir).free
+    if free < needed:
+        raise SystemExit(f"benchmark: {workdir} has {free / 2**30:.1f} GiB free and the run "
+                         f"needs about {needed / 2**30:.1f} GiB; pass --workdir on a disk with "
+                         "more room, or fewer --rounds")
+
+
 def prepare(args: argparse.Namespace, workdir: Path, server: s3server.MotoServer,
             results: Results, profiler: Profiler) -> Setup:
     """The dataset on local disk (the local baseline reads these files) and in the bucket."""
@@ -214,8 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     _stop_on_sigterm()
     peers, versions = pick_peers(args.peers, args.install_peers)
     os.environ.update(s3server.CREDENTIALS)
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+    check_space(args, peers, args.workdir or Path(tempfile.gettempdir()))
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="avafs-bench-"))
-    workdir.mkdir(parents=True, exist_ok=True)
     profiler = Profiler(args.profile)
     results = Results()
     source = source_state()
@@ -231,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         server.stop()
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            shutil.rmtree(workdir / SET_ASIDE, ignore_errors=True)
     source["changed_during_run"] = \
         source_state()["avafs_sources_sha256"] != source["avafs_sources_sha256"]
     report = document(args, results, versions, time.monotonic() - started, profiler, source)

@@ -9,11 +9,12 @@ tier. The third starts empty again for the warmup and the writes.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import s3server
@@ -37,6 +38,8 @@ PEER_WRITES_SKIPPED = "not measured: add --peer-writes"
 WRITE_KEYS = ("write_large", "write_small")
 SERVER_CEILING = "server ceiling: all large files at once, whole-object GETs, 8 threads"
 PEER_STAT_ONCE = "measured in round 1 only: its first walk costs one HEAD per file"
+SET_ASIDE = "set-aside"
+"""Under the workdir: what measurements wrote, deleted only when the run ends."""
 
 
 @dataclass
@@ -54,11 +57,29 @@ class Setup:
     profiler: Profiler
     peer_writes: bool
     flush_timeout: float
+    _set_aside: itertools.count = field(default_factory=itertools.count)
 
     def cache_dir(self, name: str) -> Path:
         path = self.workdir / "cache" / name
         shutil.rmtree(path, ignore_errors=True)
         return path
+
+    def set_aside(self, path: Path) -> None:
+        """Move what a measurement wrote out of the way, to be deleted when the run ends.
+
+        Why not delete it now: on ext4 without a journal (the root file system of the
+        machines this was measured on), for a minute or more after a file is deleted, every
+        new file's inode allocation steps over the recently freed inodes one by one
+        (`recently_deleted` in ext4's allocator). Deleting the local baseline's 10,000
+        written files made the next system measured pay for them: avafs's cold small-file
+        reads create one cache file per object, and perf put 19-22% of the daemon's samples
+        in ext4's inode allocation (the same reads with the cache on a fresh ext4: 2.1
+        instead of 3.1 CPU-s per 1000 files). rclone pays the same way; the direct download
+        creates no files."""
+        if path.exists():
+            aside = self.workdir / SET_ASIDE
+            aside.mkdir(exist_ok=True)
+            path.rename(aside / f"{next(self._set_aside)}-{path.name}")
 
 
 def run_local(setup: Setup, number: int) -> None:
@@ -76,7 +97,7 @@ def run_local(setup: Setup, number: int) -> None:
     results.add("write_large", LOCAL, mb_per_s(plan.large_size, seconds))
     seconds = plan.write_small(target, prefix, durable=True)
     results.add("write_small", LOCAL, plan.small_count / seconds)
-    shutil.rmtree(target)
+    setup.set_aside(target)
 
 
 def timed_with_cpu(function: Callable[[], object]) -> tuple[float, float]:
@@ -180,7 +201,7 @@ class FuseRound:
             self._measure("remount_small", lambda: read_small(root, dataset))
         finally:
             self._unmount()
-        shutil.rmtree(cache, ignore_errors=True)
+        self.setup.set_aside(cache)
         self._warmup_and_writes()
         if self.rss:
             self.setup.results.add("peak_rss", self.name, max(self.rss) / MiB)
@@ -208,7 +229,7 @@ class FuseRound:
                 self._unmount()
             else:
                 self.mount.abort()
-            shutil.rmtree(cache, ignore_errors=True)
+            self.setup.set_aside(cache)
             s3server.delete_keys(self.setup.client,
                                  list(self.setup.plan.expected(self._write_prefix())))
 
