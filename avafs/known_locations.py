@@ -41,6 +41,15 @@ Location = tuple[str, int, float]
 which the answer may be kept."""
 
 
+def remember(entries: dict[str, Location], answers: dict[str, tuple[str, int]], until: float,
+             cap: int) -> None:
+    """Adds answers kept until `until`; past `cap` files, only files already there are
+    updated (the reader's table and the daemon's snapshot are bounded alike)."""
+    for relative, (path, size) in answers.items():
+        if len(entries) < cap or relative in entries:
+            entries[relative] = (path, size, until)
+
+
 class KnownLocations:
     def __init__(self, counter: mmap.mmap, snapshot: str) -> None:
         self._counter = counter
@@ -80,9 +89,7 @@ class KnownLocations:
         with self.lock:
             if generation != self._generation or generation == CLOSED or keep_for <= 0:
                 return
-            for relative, (path, size) in answers.items():
-                if len(self._entries) < MAX_LOCATIONS or relative in self._entries:
-                    self._entries[relative] = (path, size, until)
+            remember(self._entries, answers, until, MAX_LOCATIONS)
 
     def forget(self, relative: str) -> None:
         self._entries.pop(relative, None)

@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from .known_locations import CLOSED, SNAPSHOT_FORMAT, Location
+from .known_locations import CLOSED, SNAPSHOT_FORMAT, Location, remember
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +61,7 @@ class LocationSnapshot:
             if generation != self._generation:
                 self._entries = {}
                 self._generation = generation
-            for relative, (path, size) in answers.items():
-                if len(self._entries) < MAX_ENTRIES or relative in self._entries:
-                    self._entries[relative] = (path, size, until)
+            remember(self._entries, answers, until, MAX_ENTRIES)
         self._added.set()
 
     def close(self) -> None:

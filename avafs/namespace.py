@@ -95,7 +95,7 @@ class Namespace:
         self.writeback = writeback
         self.ttl = ttl
         self._clock = clock
-        self.on_changed: Callable[[str, str], None] = lambda source, prefix: None
+        self.on_changed: Callable[[str, str], None] = lambda source, key: None
         """Called with (source, key) when a settled upload changes a cached listing."""
         self._lock = threading.Lock()
         self._nodes: dict[int, Node] = {}

@@ -55,7 +55,7 @@ class WriteBack:
         self.sync_uploads = sync_uploads
         self.delay = delay
         self.on_settled: Settled = lambda source, key, info: None
-        self.on_changed: Callable[[str, str], None] = lambda source, prefix: None
+        self.on_changed: Callable[[str, str], None] = lambda source, key: None
         """Called with (source, key) when the key's pending state comes or goes."""
         self.streams: StreamUploads | None = None
         """Uploads of files while they are written, where the stores take parts."""

@@ -169,7 +169,6 @@ def test_resume_yields_exactly_the_samples_not_yet_consumed(tmp_path, num_worker
         assert consumed + rest == full
 
 
-
 def test_persistent_workers_resume_mid_epoch_then_follow_the_next_epoch(tmp_path):
     root = tmp_path / "tar"
     make_tar_shards(root, [13, 8, 21, 6, 17])
@@ -193,6 +192,7 @@ def test_persistent_workers_resume_mid_epoch_then_follow_the_next_epoch(tmp_path
     assert sorted(consumed + rest) == sorted(keys_of(loader(2)[1]))
     dataset.set_epoch(3)
     assert keys_of(resumed) == keys_of(loader(3)[1])
+
 
 def _ddp_rank(rank: int, port: int, root: str, result_dir: str) -> None:
     store = torch.distributed.TCPStore("127.0.0.1", port, is_master=False)
