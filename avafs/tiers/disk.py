@@ -15,6 +15,7 @@ import shutil
 import struct
 import threading
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 from rocksdict import Options, Rdict, WriteBatch
@@ -60,6 +61,10 @@ class DiskTier(TierAccounting):
         not a map to each file's path, which would cost about 100 more bytes per block."""
         self._index = Rdict(str(root / "index"), options=Options(raw_mode=True))
         self._load_index()
+        self._sweeping = True
+        self._written_while_sweeping: set[str] = set()
+        """Names of block files written since the sweep took its list of indexed blocks: the
+        sweep must not take them for a crash's leftovers."""
         self._sweeper = threading.Thread(target=self._sweep_unindexed_files, daemon=True,
                                          name="avafs-disk-sweep")
         self._sweeper.start()
@@ -85,13 +90,23 @@ class DiskTier(TierAccounting):
         with self._lock:
             known = {block.file_name() for block in self._records}
         removed = 0
-        for folder in self._blocks_dir.iterdir():
-            for path in folder.iterdir():
-                if path.name not in known:
-                    path.unlink(missing_ok=True)
-                    removed += 1
+        for path in self._block_files():
+            if path.name in known:
+                continue
+            with self._lock:  # held across the unlink, so a put of this name waits for it
+                if path.name in self._written_while_sweeping:
+                    continue
+                path.unlink(missing_ok=True)
+            removed += 1
+        with self._lock:
+            self._sweeping = False
+            self._written_while_sweeping.clear()
         if removed:
             log.info("disk tier: removed %d block files left unindexed by a crash", removed)
+
+    def _block_files(self) -> Iterator[Path]:
+        for folder in self._blocks_dir.iterdir():
+            yield from folder.iterdir()
 
     @property
     def capacity(self) -> int:
@@ -142,6 +157,7 @@ class DiskTier(TierAccounting):
 
     def put(self, block: BlockId, data: bytes) -> None:
         size = allocated(len(data))
+        path = self._path(block)
         with self._lock:
             if block in self._records or not self._lru.fits(size):
                 return
@@ -150,8 +166,9 @@ class DiskTier(TierAccounting):
             # Reserve the space now so concurrent inserts cannot overrun the cap together.
             self._lru.add(block, size)
             self._lru.pin(block)
+            if self._sweeping:
+                self._written_while_sweeping.add(path.name)
         self._unlink(victims)
-        path = self._path(block)
         tmp = self._tmp_dir / f"{path.name}.{threading.get_ident()}"
         try:
             tmp.write_bytes(data)
