@@ -15,7 +15,8 @@ read half of the benchmark for avafs alone, to try a change to the read path qui
 `pyfuse3-ceiling` reads 16 KiB files, 8 at a time, from `trivial_fs.py`, which answers from
 memory: the most small files a second any pyfuse3 file system can serve on this machine.
 `writes` is the benchmark's large write alone: the write and the flush through avafs, and
-the direct upload of the same bytes, round after round.
+the direct upload of the same bytes, round after round, with the CPU each phase cost the
+daemon and the server.
 """
 
 from __future__ import annotations
@@ -215,24 +216,36 @@ def probe_pyfuse3_ceiling(server: s3server.MotoServer, workdir: Path) -> None:
 
 def probe_writes(server: s3server.MotoServer, workdir: Path) -> None:
     """1 GiB written sequentially in 1 MiB writes, then the mount's flush (the time until
-    durable in the store), against boto3's managed upload of the same file from local disk."""
+    durable in the store), against boto3's managed upload of the same file from local disk.
+
+    Each phase also prints the CPU seconds the daemon and the server spent in it: a flush in
+    which the daemon is idle and the server busy is the server completing the upload (moto
+    joins the parts into one object on one core), not avafs still sending parts."""
     plan = WritePlan.make(2**30, 0, 0)
     source = workdir / "large.bin"
     plan.write_source(source)
     mount = AvafsMount(server, workdir / "mnt", 2**30, 10 * 2**30)
     mount.mount(workdir / "cache")
     rates: dict[str, list[float]] = {"avafs": [], "direct": []}
+
+    def phase(action: Callable[[], object]) -> tuple[float, str]:
+        daemon, moto = cpu_seconds(mount.pid), cpu_seconds(server.process.pid)
+        seconds = timed(action)
+        return seconds, (f"{seconds:.1f} s (CPU: daemon {cpu_seconds(mount.pid) - daemon:.1f} s, "
+                         f"server {cpu_seconds(server.process.pid) - moto:.1f} s)")
+
     try:
         for number in range(ROUNDS):
             key = plan.large_name(f"probe-r{number}")
-            written = plan.write_large(mount.mountpoint / key, durable=False)
-            flushed = timed(lambda: mount.flush(300, lambda: True))
+            written, write_line = phase(
+                lambda key=key: plan.write_large(mount.mountpoint / key, durable=False))
+            flushed, flush_line = phase(lambda: mount.flush(300, lambda: True))
             rates["avafs"].append(plan.large_size / (written + flushed) / 1e6)
-            print(f"round {number}: avafs write {written:.1f} s + flush {flushed:.1f} s",
-                  flush=True)
-            seconds = timed(lambda key=key: s3server.upload_large(server.client(),
-                                                                  key + ".direct", source))
+            print(f"round {number}: avafs write {write_line} + flush {flush_line}", flush=True)
+            seconds, direct_line = phase(lambda key=key: s3server.upload_large(
+                server.client(), key + ".direct", source))
             rates["direct"].append(plan.large_size / seconds / 1e6)
+            print(f"         direct upload {direct_line}", flush=True)
     finally:
         mount.unmount()
     for name, values in rates.items():
