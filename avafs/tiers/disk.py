@@ -4,7 +4,8 @@ It survives unmount and crashes (users of gcsfuse and Mountpoint lose their cach
 remount). A block file is written to a temporary name and renamed into place before it is
 indexed, and the index records its size and CRC32, so a block torn by a crash is detected and
 dropped instead of served. Files the index does not know (a crash between rename and index
-write) are removed by a background sweep at start so they never count against nobody's cap.
+write) take disk space no cap accounts for; a background sweep at start removes them, sparing
+the blocks the mount writes meanwhile.
 """
 
 from __future__ import annotations
