@@ -205,10 +205,12 @@ class AvafsMount(Mount):
     name = "avafs"
 
     def __init__(self, server: MotoServer, mountpoint: Path, ram_cache: int,
-                 disk_cache: int) -> None:
+                 disk_cache: int, options: tuple[str, ...] = ()) -> None:
         super().__init__(server, mountpoint)
         self.ram_cache = ram_cache
         self.disk_cache = disk_cache
+        self.options = options
+        """More `avafs mount` options, such as `--read-only`."""
 
     def _avafs(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "avafs", *args], capture_output=True,
@@ -218,7 +220,7 @@ class AvafsMount(Mount):
         result = self._avafs("mount", f"s3://{BUCKET}", str(self.mountpoint),
                              "--endpoint-url", self.server.endpoint, "--cache-dir",
                              str(cache_dir), "--ram-cache", str(self.ram_cache),
-                             "--disk-cache", str(self.disk_cache))
+                             "--disk-cache", str(self.disk_cache), *self.options)
         if result.returncode != 0:
             raise RuntimeError(f"avafs mount failed: {result.stderr.strip()}")
 

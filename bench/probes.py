@@ -89,9 +89,9 @@ def probe_ranges(server: s3server.MotoServer, workdir: Path) -> None:
 
 
 def _avafs_mount(server: s3server.MotoServer, workdir: Path, names: list[str],
-                 root: Path) -> AvafsMount:
+                 root: Path, options: tuple[str, ...] = ()) -> AvafsMount:
     s3server.upload_files(server.client(), root, names)
-    mount = AvafsMount(server, workdir / "mnt", 2**30, 10 * 2**30)
+    mount = AvafsMount(server, workdir / "mnt", 2**30, 10 * 2**30, options)
     mount.mount(workdir / "cache")
     return mount
 
@@ -146,20 +146,25 @@ def _fuse_replies(pid: int, action: Callable[[], object]) -> int:
 
 
 def probe_requests(server: s3server.MotoServer, workdir: Path) -> None:
+    """FUSE requests per small file read, on a mount that takes writes and on a read-only
+    one (which answers FLUSH with ENOSYS, so the kernel stops sending it)."""
     if shutil.which("strace") is None:
         raise SystemExit("the requests probe needs strace: apt-get install strace")
     dataset = make_dataset(0, 0, 300, 100 * 1024)
     write_local(workdir / "data", dataset)
-    mount = _avafs_mount(server, workdir, dataset.small, workdir / "data")
-    try:
-        root = mount.mountpoint
-        os.listdir(root / "small" / "000")
-        for label in ("cold", "warm", "warm again"):
-            replies = _fuse_replies(mount.pid, lambda: read_all(root, dataset.small, 8))
-            print(f"{label:10} small-file reads: {replies / len(dataset.small):.1f} FUSE "
-                  "requests per file")
-    finally:
-        mount.unmount()
+    for options in ((), ("--read-only",)):
+        shutil.rmtree(workdir / "cache", ignore_errors=True)
+        mount = _avafs_mount(server, workdir, dataset.small, workdir / "data", options)
+        try:
+            root = mount.mountpoint
+            os.listdir(root / "small" / "000")
+            for label in ("cold", "warm", "warm again"):
+                replies = _fuse_replies(mount.pid,
+                                        lambda root=root: read_all(root, dataset.small, 8))
+                print(f"{' '.join(options) or 'read-write':11} {label:10} small-file reads: "
+                      f"{replies / len(dataset.small):.1f} FUSE requests per file")
+        finally:
+            mount.unmount()
 
 
 def probe_reads(server: s3server.MotoServer, workdir: Path) -> None:

@@ -266,3 +266,19 @@ def test_read_only_mount_refuses_writes_with_erofs(source, mount):
             action()
         assert error.value.errno == 30  # EROFS
     assert (mnt / "ro.txt").read_bytes() == b"read only"
+
+
+def test_read_only_mount_closes_and_fsyncs_read_files(local_bucket, mount):
+    """A read-only mount answers FLUSH with ENOSYS so that the kernel stops sending it: the
+    reader must still see every close (and fsync) succeed, the first one included."""
+    contents = {f"f{index}.bin": payload(index, 1000) for index in range(3)}
+    for name, data in contents.items():
+        (local_bucket / name).write_bytes(data)
+    mnt = mount(local_bucket.as_uri(), "--read-only")
+    for name, data in contents.items():
+        fd = os.open(mnt / name, os.O_RDONLY)
+        try:
+            assert os.read(fd, 4096) == data
+            os.fsync(fd)
+        finally:
+            os.close(fd)
