@@ -10,8 +10,9 @@
 They measure what a change to avafs would buy before it is made: `ranges` shows what a
 larger fetch unit gives a sequential reader, `read-size` raises the mount's read-ahead
 through sysfs (what avafs could do itself after mounting) and reads data held in the RAM
-tier, `requests` counts the daemon's replies on /dev/fuse per file read, `reads` is the
-read half of the benchmark for avafs alone, to try a change to the read path quickly, and
+tier, `requests` counts the daemon's replies on /dev/fuse per file read (read-write and
+`--read-only` mounts), `reads` is the read half of the benchmark for avafs alone, to try a
+change to the read path quickly, and
 `pyfuse3-ceiling` reads 16 KiB files, 8 at a time, from `trivial_fs.py`, which answers from
 memory: the most small files a second any pyfuse3 file system can serve on this machine.
 `writes` is the benchmark's large write alone: the write and the flush through avafs, and
