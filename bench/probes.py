@@ -6,6 +6,7 @@
     python3 bench/probes.py reads       # avafs alone: cold, warm and remount reads, in a minute
     python3 bench/probes.py pyfuse3-ceiling   # small files/s of a pyfuse3 fs that does nothing
     python3 bench/probes.py writes      # 1 GiB written until durable: avafs vs direct upload
+    python3 bench/probes.py write-profile   # the daemon's CPU by library while 1 GiB is written
 
 They measure what a change to avafs would buy before it is made: `ranges` shows what a
 larger fetch unit gives a sequential reader, `read-size` raises the mount's read-ahead
@@ -17,7 +18,9 @@ change to the read path quickly, and
 memory: the most small files a second any pyfuse3 file system can serve on this machine.
 `writes` is the benchmark's large write alone: the write and the flush through avafs, and
 the direct upload of the same bytes, round after round, with the CPU each phase cost the
-daemon and the server.
+daemon and the server; `write-profile` samples the daemon with perf during that write and
+splits its CPU between the kernel, Python and the libraries (libcrypto: SigV4's SHA-256 of
+each part over plain HTTP; libz: the part's CRC32).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -129,18 +133,25 @@ def probe_read_size(server: s3server.MotoServer, workdir: Path) -> None:
         mount.unmount()
 
 
+def _while_attached(tracer: list[str], action: Callable[[], object]) -> float:
+    """Seconds `action` took while `tracer` (strace or perf attached to the daemon) ran; the
+    tracer gets a second to attach and half a second to catch the last replies."""
+    process = subprocess.Popen(tracer, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)
+    try:
+        seconds = timed(action)
+        time.sleep(0.5)
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait()
+    return seconds
+
+
 def _fuse_replies(pid: int, action: Callable[[], object]) -> int:
     """Replies the daemon writes to /dev/fuse (one per request) while `action` runs."""
     trace = Path(tempfile.mkstemp(suffix=".strace")[1])
-    tracer = subprocess.Popen(["strace", "-f", "-e", "trace=writev", "-o", str(trace),
-                               "-p", str(pid)], stderr=subprocess.DEVNULL)
-    time.sleep(1.0)
-    try:
-        action()
-        time.sleep(0.5)
-    finally:
-        tracer.terminate()
-        tracer.wait()
+    _while_attached(["strace", "-f", "-e", "trace=writev", "-o", str(trace), "-p", str(pid)],
+                    action)
     count = sum(1 for line in trace.read_text().splitlines() if "writev(" in line)
     trace.unlink()
     return count
@@ -260,9 +271,45 @@ def probe_writes(server: s3server.MotoServer, workdir: Path) -> None:
     print(f"ratio   {median(rates['avafs']) / median(rates['direct']):.2f}x direct")
 
 
+def _perf_shares(recording: Path, sort: str, top: int) -> str:
+    """The `top` largest shares of the samples in `recording`, by library or by symbol."""
+    report = subprocess.run(["perf", "report", "-i", str(recording), "--stdio",
+                             "--no-children", "-g", "none", "--sort", sort],
+                            capture_output=True, text=True, check=True).stdout
+    shares = [line.split(None, 1) for line in report.splitlines()
+              if line.strip() and not line.startswith("#")]
+    return ", ".join(f"{share} {name.strip()}" for share, name in shares[:top])
+
+
+def probe_write_profile(server: s3server.MotoServer, workdir: Path) -> None:
+    """Where the daemon's CPU goes while 1 GiB is written and its parts go up: perf samples
+    the whole process, so the kernel's copies and the hashing libraries show next to Python,
+    which py-spy alone cannot weigh against them."""
+    if shutil.which("perf") is None:
+        raise SystemExit("the write-profile probe needs perf: apt-get install linux-perf")
+    plan = WritePlan.make(2**30, 0, 0)
+    mount = AvafsMount(server, workdir / "mnt", 2**30, 10 * 2**30)
+    mount.mount(workdir / "cache")
+    try:
+        for number in range(ROUNDS):
+            recording = workdir / f"write-{number}.perf"
+            path = mount.mountpoint / plan.large_name(f"profile-r{number}")
+            before = cpu_seconds(mount.pid)
+            seconds = _while_attached(
+                ["perf", "record", "-F", "999", "-o", str(recording), "-p", str(mount.pid)],
+                lambda path=path: plan.write_large(path, durable=False))
+            spent = cpu_seconds(mount.pid) - before
+            mount.flush(300, lambda: True)
+            print(f"round {number}: write {seconds:.1f} s, daemon {spent:.1f} CPU-s, by library: "
+                  f"{_perf_shares(recording, 'dso', 5)}", flush=True)
+            print(f"         by symbol: {_perf_shares(recording, 'sym', 4)}", flush=True)
+    finally:
+        mount.unmount()
+
+
 PROBES = {"ranges": probe_ranges, "read-size": probe_read_size, "requests": probe_requests,
           "reads": probe_reads, "pyfuse3-ceiling": probe_pyfuse3_ceiling,
-          "writes": probe_writes}
+          "writes": probe_writes, "write-profile": probe_write_profile}
 
 
 def main() -> int:
