@@ -299,6 +299,9 @@ def probe_write_profile(server: s3server.MotoServer, workdir: Path) -> None:
                 ["perf", "record", "-F", "999", "-o", str(recording), "-p", str(mount.pid)],
                 lambda path=path: plan.write_large(path, durable=False))
             spent = cpu_seconds(mount.pid) - before
+            if not recording.exists():
+                raise SystemExit("perf recorded nothing: attaching to the daemon needs root or "
+                                 "a lower /proc/sys/kernel/perf_event_paranoid")
             mount.flush(300, lambda: True)
             print(f"round {number}: write {seconds:.1f} s, daemon {spent:.1f} CPU-s, by library: "
                   f"{_perf_shares(recording, 'dso', 5)}", flush=True)
