@@ -231,6 +231,13 @@ def probe_pyfuse3_ceiling(server: s3server.MotoServer, workdir: Path) -> None:
         process.wait(timeout=30)
 
 
+def _large_write_mount(server: s3server.MotoServer, workdir: Path) -> tuple[WritePlan, AvafsMount]:
+    """The benchmark's 1 GiB write, and a mount with the benchmark's cache sizes to take it."""
+    mount = AvafsMount(server, workdir / "mnt", 2**30, 10 * 2**30)
+    mount.mount(workdir / "cache")
+    return WritePlan.make(2**30, 0, 0), mount
+
+
 def probe_writes(server: s3server.MotoServer, workdir: Path) -> None:
     """1 GiB written sequentially in 1 MiB writes, then the mount's flush (the time until
     durable in the store), against boto3's managed upload of the same file from local disk.
@@ -238,11 +245,9 @@ def probe_writes(server: s3server.MotoServer, workdir: Path) -> None:
     Each phase also prints the CPU seconds the daemon and the server spent in it: a flush in
     which the daemon is idle and the server busy is the server completing the upload (moto
     joins the parts into one object on one core), not avafs still sending parts."""
-    plan = WritePlan.make(2**30, 0, 0)
+    plan, mount = _large_write_mount(server, workdir)
     source = workdir / "large.bin"
     plan.write_source(source)
-    mount = AvafsMount(server, workdir / "mnt", 2**30, 10 * 2**30)
-    mount.mount(workdir / "cache")
     rates: dict[str, list[float]] = {"avafs": [], "direct": []}
 
     def phase(action: Callable[[], object]) -> tuple[float, str]:
@@ -287,9 +292,7 @@ def probe_write_profile(server: s3server.MotoServer, workdir: Path) -> None:
     which py-spy alone cannot weigh against them."""
     if shutil.which("perf") is None:
         raise SystemExit("the write-profile probe needs perf: apt-get install linux-perf")
-    plan = WritePlan.make(2**30, 0, 0)
-    mount = AvafsMount(server, workdir / "mnt", 2**30, 10 * 2**30)
-    mount.mount(workdir / "cache")
+    plan, mount = _large_write_mount(server, workdir)
     try:
         for number in range(ROUNDS):
             recording = workdir / f"write-{number}.perf"
