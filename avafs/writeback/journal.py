@@ -44,7 +44,12 @@ class Journal:
         self._db = Rdict(str(path), options=Options(raw_mode=True))
         self._unsynced = WriteOptions()
         self._unsynced.sync = False
-        self._changed = threading.Condition()
+        self._lock = threading.Lock()
+        self._queued = threading.Condition(self._lock)
+        """Wakes the writer thread only."""
+        self._written_up_to = threading.Condition(self._lock)
+        """Wakes the waiters: one condition for both woke every waiting closer at every
+        submit, a herd of thread switches per file closed."""
         self._queue: list[tuple[bytes, bytes | None]] = []
         self._submitted = 0
         self._written = 0
@@ -79,19 +84,19 @@ class Journal:
 
     def _enqueue(self, operations: list[tuple[bytes, bytes | None]]) -> int:
         """Queue puts (a record) and deletes (None) to be written as one; returns the ticket."""
-        with self._changed:
+        with self._lock:
             self._queue.extend(operations)
             self._submitted += 1
-            self._changed.notify_all()
+            self._queued.notify()
             return self._submitted
 
     def wait(self, ticket: int) -> None:
         """Until the change with this ticket is on disk; OSError if the journal failed."""
-        with self._changed:
+        with self._lock:
             while self._written < ticket:
                 if self._failure is not None:
                     raise OSError(errno.EIO, f"write-back journal failed: {self._failure}")
-                self._changed.wait()
+                self._written_up_to.wait()
 
     def save(self, entries: list[Pending], removed: list[Pending] = ()) -> None:
         self.wait(self.submit(entries, removed))
@@ -101,9 +106,9 @@ class Journal:
 
     def _write_batches(self) -> None:
         while True:
-            with self._changed:
+            with self._lock:
                 while not self._queue and not self._closing:
-                    self._changed.wait()
+                    self._queued.wait()
                 if not self._queue:
                     return
                 operations, self._queue = self._queue, []
@@ -118,18 +123,18 @@ class Journal:
                 self._db.write(batch, self._unsynced)
                 self._db.flush_wal(True)
             except Exception as error:  # noqa: BLE001 - every waiter gets it
-                with self._changed:
+                with self._lock:
                     self._failure = error
-                    self._changed.notify_all()
+                    self._written_up_to.notify_all()
                 return
-            with self._changed:
+            with self._lock:
                 self._written = ticket
-                self._changed.notify_all()
+                self._written_up_to.notify_all()
 
     def close(self) -> None:
         """Writes what is queued, then closes."""
-        with self._changed:
+        with self._lock:
             self._closing = True
-            self._changed.notify_all()
+            self._queued.notify()
         self._writer.join()
         self._db.close()
