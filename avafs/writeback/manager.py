@@ -61,6 +61,11 @@ class WriteBack:
         """Uploads of files while they are written, where the stores take parts."""
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
+        """Wakes those waiting for keys to settle (close under --writeback sync, flush)."""
+        self.work = threading.Condition(self.lock)
+        """Wakes one idle uploader per key that became uploadable. Uploaders waited on
+        `changed` before, and every close woke all of them, and every waiter: dozens of thread
+        switches per small file. Due times are found by the uploaders' own polling."""
         self._pending: dict[tuple[str, str], Pending] = {}
         self._order: OrderedDict[tuple[str, str], None] = OrderedDict()
         """Pending keys, least recently changed first: the order uploads become due in."""
@@ -286,7 +291,7 @@ class WriteBack:
             entry.durable = True
             self._touch(entry)
             entry.awaited = self.sync_uploads
-            self.changed.notify_all()
+            self._wake_uploader()
         self.journal.wait(ticket)
         if self.sync_uploads:
             self.wait_settled([entry])
@@ -299,7 +304,9 @@ class WriteBack:
                 self._pending.get(entry.slot) is entry
             if closed_as_stored:
                 self._settle(entry)
-            self.changed.notify_all()
+                self.changed.notify_all()
+            elif not entry.writers:
+                self._wake_uploader()
         if closed_as_stored:
             self.on_settled(entry.source, entry.key, entry.stored_info)
 
@@ -319,6 +326,7 @@ class WriteBack:
             self._index(entry)
         self._account()
         self.changed.notify_all()
+        self.work.notify(len(changes))
         if self.sync_uploads:
             self.lock.release()
             try:
@@ -372,6 +380,16 @@ class WriteBack:
 
     # --- upload bookkeeping, for the uploader ----------------------------------------------------
 
+    def _hurried(self) -> bool:
+        """Whether uploads skip the write-back delay."""
+        return self.eager or self.sync_uploads or self.over_dirty_limit()
+
+    def _wake_uploader(self) -> None:
+        """One idle uploader for a key that may be uploadable now (call with the lock held).
+        Inside the write-back delay nothing is: the uploaders' polling finds it when due."""
+        if self._hurried():
+            self.work.notify()
+
     def next_ready(self, now: float) -> Pending | None:
         """The entry the uploader should start now, if any.
 
@@ -379,7 +397,7 @@ class WriteBack:
         still inside its write-back delay: every later one is too. The cost is the number of
         entries skipped for other reasons (open, backing off, waiting for another key), not
         the number pending, which matters with tens of thousands of small files queued."""
-        hurry = self.eager or self.sync_uploads or self.over_dirty_limit()
+        hurry = self._hurried()
         with self.lock:
             for slot in self._order:
                 entry = self._pending[slot]
@@ -452,7 +470,7 @@ class WriteBack:
         self.eager = True
         try:
             with self.lock:
-                self.changed.notify_all()
+                self.work.notify_all()
                 while self._pending:
                     if progress is not None:
                         progress(self.status())

@@ -80,7 +80,7 @@ class Uploader:
                 if entry is not None:
                     entry.uploading = True
                     return entry
-                writeback.changed.wait(0.2)
+                writeback.work.wait(0.2)
         return None
 
     def _work(self) -> None:
@@ -114,7 +114,7 @@ class Uploader:
     def stop(self) -> None:
         self._stopping = True
         with self.writeback.lock:
-            self.writeback.changed.notify_all()
+            self.writeback.work.notify_all()
         for thread in self._threads:
             thread.join(timeout=30)
         self.streams.stop()
