@@ -9,12 +9,13 @@ when a file is reopened at an unchanged ETag, so warm re-reads come from the pag
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -62,6 +63,23 @@ class OpenDirectory:
     """The listing this handle pages through, fixed at its first readdir for consistency."""
 
 
+@contextlib.contextmanager
+def _as_fuse_error() -> Iterator[None]:
+    """A failure of the local disk or the store as the errno the caller gets: any other
+    exception out of a handler would end pyfuse3's main loop."""
+    try:
+        yield
+    except OSError as error:
+        log.error("%s", error)
+        raise pyfuse3.FUSEError(error.errno or errno.EIO) from None
+    except ObjectChangedError as error:
+        log.warning("%s", error)
+        raise pyfuse3.FUSEError(errno.ESTALE) from None
+    except StoreError as error:
+        log.error("%s", error)
+        raise pyfuse3.FUSEError(errno.EIO) from None
+
+
 class AvafsOperations(pyfuse3.Operations):
     def __init__(self, namespace: Namespace, stack: TierStack, options: MountOptions,
                  xattrs: dict[str, str]) -> None:
@@ -86,17 +104,8 @@ class AvafsOperations(pyfuse3.Operations):
         return self._next_fh
 
     async def _blocking(self, function: Callable[..., T], *args: object) -> T:
-        try:
+        with _as_fuse_error():
             return await trio.to_thread.run_sync(function, *args, limiter=self._limiter)
-        except OSError as error:
-            log.error("%s", error)
-            raise pyfuse3.FUSEError(error.errno or errno.EIO) from None
-        except ObjectChangedError as error:
-            log.warning("%s", error)
-            raise pyfuse3.FUSEError(errno.ESTALE) from None
-        except StoreError as error:
-            log.error("%s", error)
-            raise pyfuse3.FUSEError(errno.EIO) from None
 
     # --- attributes ------------------------------------------------------------------------
 
@@ -244,8 +253,9 @@ class AvafsOperations(pyfuse3.Operations):
     def _local_handle(self, pending: Pending, flags: int) -> OpenFile:
         self.writeback.hold_file(pending.file)
         try:
-            fd = os.open(self.writeback.data_path(pending), flags)
-        except OSError:
+            with _as_fuse_error():
+                fd = os.open(self.writeback.data_path(pending), flags)
+        except pyfuse3.FUSEError:
             self.writeback.drop_file(pending.file)
             raise
         return OpenFile(fd=fd, pending=pending, writable=flags != os.O_RDONLY)
@@ -253,11 +263,21 @@ class AvafsOperations(pyfuse3.Operations):
     async def _open_writer(self, node: Node, truncate: bool) -> OpenFile:
         self._check_writable(node)
         base = None if truncate else await self._current_ref(node)
-        pending = await self._blocking(self.writeback.open_writer, node.source, node.key, base,
-                                       truncate)
+        return await self._writer(node.source, node.key, base)
+
+    async def _writer(self, source: str, key: str, base: ObjectRef | None) -> OpenFile:
+        """A handle on the key's local data file, made from `base` unless it is None (a new
+        or truncated file). With nothing to copy in there is nothing to wait for: the empty
+        data file is made right here, as a read from the disk tier is, since a thread hop
+        per created file cost more than the create."""
+        if base is None:
+            with _as_fuse_error():
+                pending = self.writeback.open_writer(source, key, None, True)
+        else:
+            pending = await self._blocking(self.writeback.open_writer, source, key, base, False)
         try:
             return self._local_handle(pending, os.O_RDWR)
-        except OSError:
+        except pyfuse3.FUSEError:
             self.writeback.release_writer(pending)
             raise
 
@@ -363,10 +383,8 @@ class AvafsOperations(pyfuse3.Operations):
         text = os.fsdecode(name)
         if not valid_name(text):
             raise pyfuse3.FUSEError(errno.EINVAL)
-        pending = await self._blocking(self.writeback.open_writer, parent.source,
-                                       parent.key + text, None, True)
-        handle = self._local_handle(pending, os.O_RDWR)
-        node = self.namespace.child(parent, Entry(text, self.writeback.info(pending)))
+        handle = await self._writer(parent.source, parent.key + text, None)
+        node = self.namespace.child(parent, Entry(text, self.writeback.info(handle.pending)))
         fh = self._new_fh()
         self._open[fh] = handle
         return pyfuse3.FileInfo(fh=fh), self._attributes(node)
