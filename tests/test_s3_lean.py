@@ -3,12 +3,16 @@ for boto3 (the full client keeps retries, redirects and error messages)."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import http.server
 import threading
+import zlib
 from collections.abc import Iterator
 
 import boto3
 import pytest
+from botocore.config import Config
 from support import TEST_CREDENTIALS
 
 from avafs.stores.s3_lean import LeanRequests
@@ -51,3 +55,21 @@ def test_a_redirect_hands_every_later_request_to_boto3(redirecting_endpoint):
     assert lean.open("key", 0, 10, "etag") is None
     assert lean.list_page("", None) is None
     assert len(_Redirecting.requests) == 1, "after the redirect, nothing is sent on the lean path"
+
+
+@pytest.mark.parametrize("calculation", ["when_supported", "when_required"])
+def test_a_put_carries_the_body_checksum_botocore_would_send(s3_server, bucket, calculation):
+    """CRC32 where botocore sends checksums by default; Content-MD5 where a store needs the
+    older header. Either way the server can refuse a damaged body."""
+    session = boto3.session.Session(region_name="us-east-1")
+    client = session.client("s3", endpoint_url=s3_server.endpoint,
+                            config=Config(request_checksum_calculation=calculation))
+    lean = LeanRequests(client, session.get_credentials(), bucket)
+    data = b"checkpoint shard " * 1000
+
+    etag = lean.put("shard", data)
+
+    assert etag == hashlib.md5(data).hexdigest()
+    head = client.head_object(Bucket=bucket, Key="shard", ChecksumMode="ENABLED")
+    crc = base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+    assert head.get("ChecksumCRC32") == (crc if calculation == "when_supported" else None)

@@ -28,7 +28,7 @@ from botocore.config import Config
 
 from ..errors import AvafsError, ObjectChangedError, StoreError
 from .base import Listing, MultipartUploads, ObjectInfo, ObjectStore, Part
-from .s3_lean import Changed, LeanRequests
+from .s3_lean import Changed, LeanRequests, sends_crc32
 
 log = logging.getLogger(__name__)
 
@@ -257,7 +257,7 @@ class S3Store(ObjectStore, MultipartUploads):
     def _checksum(self) -> dict[str, str]:
         """CRC32 part checksums where the client computes them by default, as s3transfer does
         (a part sent with a checksum must be completed with it)."""
-        if self._client.meta.config.request_checksum_calculation == "when_supported":
+        if sends_crc32(self._client):
             return {"ChecksumAlgorithm": "CRC32"}
         return {}
 
