@@ -64,8 +64,8 @@ class WriteBack:
         """Wakes those waiting for keys to settle (close under --writeback sync, flush)."""
         self.work = threading.Condition(self.lock)
         """Wakes one idle uploader per key that became uploadable. Uploaders waited on
-        `changed` before, and every close woke all of them, and every waiter: dozens of thread
-        switches per small file. Due times are found by the uploaders' own polling."""
+        `changed` before, so every close and every settled upload woke all of them and every
+        waiter. Due times are found by the uploaders' own polling."""
         self._pending: dict[tuple[str, str], Pending] = {}
         self._order: OrderedDict[tuple[str, str], None] = OrderedDict()
         """Pending keys, least recently changed first: the order uploads become due in."""
@@ -326,7 +326,7 @@ class WriteBack:
             self._index(entry)
         self._account()
         self.changed.notify_all()
-        self.work.notify(len(changes))
+        self._wake_uploader(len(changes))
         if self.sync_uploads:
             self.lock.release()
             try:
@@ -384,11 +384,11 @@ class WriteBack:
         """Whether uploads skip the write-back delay."""
         return self.eager or self.sync_uploads or self.over_dirty_limit()
 
-    def _wake_uploader(self) -> None:
-        """One idle uploader for a key that may be uploadable now (call with the lock held).
-        Inside the write-back delay nothing is: the uploaders' polling finds it when due."""
+    def _wake_uploader(self, keys: int = 1) -> None:
+        """An idle uploader for each key that may be uploadable now (call with the lock
+        held). Inside the write-back delay none is: the uploaders' polling finds it when due."""
         if self._hurried():
-            self.work.notify()
+            self.work.notify(keys)
 
     def next_ready(self, now: float) -> Pending | None:
         """The entry the uploader should start now, if any.
