@@ -60,7 +60,8 @@ def test_a_redirect_hands_every_later_request_to_boto3(redirecting_endpoint):
 @pytest.mark.parametrize("calculation", ["when_supported", "when_required"])
 def test_a_put_carries_the_body_checksum_botocore_would_send(s3_server, bucket, calculation):
     """CRC32 where botocore sends checksums by default; Content-MD5 where a store needs the
-    older header. Either way the server can refuse a damaged body."""
+    older header. S3 refuses a body that fails either; moto records the CRC32 (what this
+    checks) but verifies neither."""
     session = boto3.session.Session(region_name="us-east-1")
     client = session.client("s3", endpoint_url=s3_server.endpoint,
                             config=Config(request_checksum_calculation=calculation))
