@@ -7,6 +7,7 @@
     python3 bench/probes.py pyfuse3-ceiling   # small files/s of a pyfuse3 fs that does nothing
     python3 bench/probes.py writes      # 1 GiB written until durable: avafs vs direct upload
     python3 bench/probes.py write-profile   # the daemon's CPU by library while 1 GiB is written
+    python3 bench/probes.py small-writes    # 2000 small files until durable: CPU, thread switches
 
 They measure what a change to avafs would buy before it is made: `ranges` shows what a
 larger fetch unit gives a sequential reader, `read-size` raises the mount's read-ahead
@@ -20,7 +21,9 @@ memory: the most small files a second any pyfuse3 file system can serve on this 
 the direct upload of the same bytes, round after round, with the CPU each phase cost the
 daemon and the server; `write-profile` samples the daemon with perf during that write and
 splits its CPU between the kernel, Python and the libraries (libcrypto: SigV4's SHA-256 of
-each part over plain HTTP; libz: the part's CRC32).
+each part over plain HTTP; libz: the part's CRC32). `small-writes` writes 2000 small files
+through avafs until they are in the store and uploads as many directly, printing the daemon's
+CPU and context switches per file next to the ratio.
 """
 
 from __future__ import annotations
@@ -313,9 +316,58 @@ def probe_write_profile(server: s3server.MotoServer, workdir: Path) -> None:
         mount.unmount()
 
 
+def _context_switches(pid: int, action: Callable[[], object]) -> tuple[float, int]:
+    """(seconds, context switches of every thread of `pid`) while `action` runs, counted by
+    perf stat: threads that end meanwhile (trio's idle workers) count too, which summing
+    /proc/PID/task/*/status afterwards would miss."""
+    counts = Path(tempfile.mkstemp(suffix=".perfstat")[1])
+    seconds = _while_attached(["perf", "stat", "-e", "context-switches", "-x", ",",
+                               "-o", str(counts), "-p", str(pid)], action)
+    lines = [line for line in counts.read_text().splitlines() if "context-switches" in line]
+    counts.unlink()
+    if not lines or not lines[0].split(",")[0].isdigit():
+        raise SystemExit("perf counted nothing: attaching to the daemon needs root or a lower "
+                         "/proc/sys/kernel/perf_event_paranoid")
+    return seconds, int(lines[0].split(",")[0])
+
+
+def probe_small_writes(server: s3server.MotoServer, workdir: Path) -> None:
+    """2000 x 100 KiB files from 8 writers until durable in the store (the benchmark's small
+    writes, shorter), against the direct upload of as many objects; with the daemon's CPU
+    and thread switches per file, which the write path's wake-ups decide more than its
+    throughput on this server does."""
+    if shutil.which("perf") is None:
+        raise SystemExit("the small-writes probe needs perf: apt-get install linux-perf")
+    plan = WritePlan.make(0, 2000, 100 * 1024)
+    mount = AvafsMount(server, workdir / "mnt", 2**30, 10 * 2**30)
+    mount.mount(workdir / "cache")
+    ratios: list[float] = []
+    try:
+        for number in range(ROUNDS):
+            direct = timed(lambda number=number: s3server.upload_small(
+                server.client(), plan.small_names(f"direct-r{number}"), plan.small_payload))
+            before = cpu_seconds(mount.pid)
+
+            def write_until_durable(number: int = number) -> None:
+                plan.write_small(mount.mountpoint, f"probe-r{number}", durable=False)
+                mount.flush(300, lambda: True)
+
+            seconds, switches = _context_switches(mount.pid, write_until_durable)
+            cpu_ms = (cpu_seconds(mount.pid) - before) / plan.small_count * 1000
+            ratios.append(direct / seconds)
+            print(f"round {number}: avafs {plan.small_count / seconds:.0f} files/s, direct "
+                  f"{plan.small_count / direct:.0f} ({direct / seconds:.2f}x); daemon "
+                  f"{cpu_ms:.2f} CPU-ms and {switches / plan.small_count:.1f} context switches "
+                  "per file", flush=True)
+    finally:
+        mount.unmount()
+    print(f"ratio   {median(ratios):.2f}x direct (median of the rounds)")
+
+
 PROBES = {"ranges": probe_ranges, "read-size": probe_read_size, "requests": probe_requests,
           "reads": probe_reads, "pyfuse3-ceiling": probe_pyfuse3_ceiling,
-          "writes": probe_writes, "write-profile": probe_write_profile}
+          "writes": probe_writes, "write-profile": probe_write_profile,
+          "small-writes": probe_small_writes}
 
 
 def main() -> int:
