@@ -150,9 +150,16 @@ def _while_attached(tracer: list[str], action: Callable[[], object]) -> float:
     return seconds
 
 
+def _scratch_file(suffix: str) -> Path:
+    """An empty temporary file for a tracer to write; the caller unlinks it."""
+    descriptor, name = tempfile.mkstemp(suffix=suffix)
+    os.close(descriptor)
+    return Path(name)
+
+
 def _fuse_replies(pid: int, action: Callable[[], object]) -> int:
     """Replies the daemon writes to /dev/fuse (one per request) while `action` runs."""
-    trace = Path(tempfile.mkstemp(suffix=".strace")[1])
+    trace = _scratch_file(".strace")
     _while_attached(["strace", "-f", "-e", "trace=writev", "-o", str(trace), "-p", str(pid)],
                     action)
     count = sum(1 for line in trace.read_text().splitlines() if "writev(" in line)
@@ -320,7 +327,7 @@ def _context_switches(pid: int, action: Callable[[], object]) -> tuple[float, in
     """(seconds, context switches of every thread of `pid`) while `action` runs, counted by
     perf stat: threads that end meanwhile (trio's idle workers) count too, which summing
     /proc/PID/task/*/status afterwards would miss."""
-    counts = Path(tempfile.mkstemp(suffix=".perfstat")[1])
+    counts = _scratch_file(".perfstat")
     seconds = _while_attached(["perf", "stat", "-e", "context-switches", "-x", ",",
                                "-o", str(counts), "-p", str(pid)], action)
     lines = [line for line in counts.read_text().splitlines() if "context-switches" in line]
