@@ -96,12 +96,27 @@ def probe_ranges(server: s3server.MotoServer, workdir: Path) -> None:
           f"(rounds: {', '.join(f'{r:.0f}' for r in rates)})")
 
 
-def _avafs_mount(server: s3server.MotoServer, workdir: Path, names: list[str],
-                 root: Path, options: tuple[str, ...] = ()) -> AvafsMount:
-    s3server.upload_files(server.client(), root, names)
+def _bench_mount(server: s3server.MotoServer, workdir: Path,
+                 options: tuple[str, ...] = ()) -> AvafsMount:
+    """avafs mounted with the benchmark's cache sizes, its cache under `workdir`."""
     mount = AvafsMount(server, workdir / "mnt", 2**30, 10 * 2**30, options)
     mount.mount(workdir / "cache")
     return mount
+
+
+def _avafs_mount(server: s3server.MotoServer, workdir: Path, names: list[str],
+                 root: Path, options: tuple[str, ...] = ()) -> AvafsMount:
+    s3server.upload_files(server.client(), root, names)
+    return _bench_mount(server, workdir, options)
+
+
+def _require(tool: str, package: str, probe: str) -> None:
+    if shutil.which(tool) is None:
+        raise SystemExit(f"the {probe} probe needs {tool}: apt-get install {package}")
+
+
+_PERF_DENIED = ("attaching to the daemon needs root or a lower "
+                "/proc/sys/kernel/perf_event_paranoid")
 
 
 def _read_ahead_file(mountpoint: Path) -> Path:
@@ -170,8 +185,7 @@ def _fuse_replies(pid: int, action: Callable[[], object]) -> int:
 def probe_requests(server: s3server.MotoServer, workdir: Path) -> None:
     """FUSE requests per small file read, on a mount that takes writes and on a read-only
     one (which answers FLUSH with ENOSYS, so the kernel stops sending it)."""
-    if shutil.which("strace") is None:
-        raise SystemExit("the requests probe needs strace: apt-get install strace")
+    _require("strace", "strace", "requests")
     dataset = make_dataset(0, 0, 300, 100 * 1024)
     write_local(workdir / "data", dataset)
     for options in ((), ("--read-only",)):
@@ -243,9 +257,7 @@ def probe_pyfuse3_ceiling(server: s3server.MotoServer, workdir: Path) -> None:
 
 def _large_write_mount(server: s3server.MotoServer, workdir: Path) -> tuple[WritePlan, AvafsMount]:
     """The benchmark's 1 GiB write, and a mount with the benchmark's cache sizes to take it."""
-    mount = AvafsMount(server, workdir / "mnt", 2**30, 10 * 2**30)
-    mount.mount(workdir / "cache")
-    return WritePlan.make(2**30, 0, 0), mount
+    return WritePlan.make(2**30, 0, 0), _bench_mount(server, workdir)
 
 
 def probe_writes(server: s3server.MotoServer, workdir: Path) -> None:
@@ -300,8 +312,7 @@ def probe_write_profile(server: s3server.MotoServer, workdir: Path) -> None:
     """Where the daemon's CPU goes while 1 GiB is written and its parts go up: perf samples
     the whole process, so the kernel's copies and the hashing libraries show next to Python,
     which py-spy alone cannot weigh against them."""
-    if shutil.which("perf") is None:
-        raise SystemExit("the write-profile probe needs perf: apt-get install linux-perf")
+    _require("perf", "linux-perf", "write-profile")
     plan, mount = _large_write_mount(server, workdir)
     try:
         for number in range(ROUNDS):
@@ -313,8 +324,7 @@ def probe_write_profile(server: s3server.MotoServer, workdir: Path) -> None:
                 lambda path=path: plan.write_large(path, durable=False))
             spent = cpu_seconds(mount.pid) - before
             if not recording.exists():
-                raise SystemExit("perf recorded nothing: attaching to the daemon needs root or "
-                                 "a lower /proc/sys/kernel/perf_event_paranoid")
+                raise SystemExit(f"perf recorded nothing: {_PERF_DENIED}")
             mount.flush(300, lambda: True)
             print(f"round {number}: write {seconds:.1f} s, daemon {spent:.1f} CPU-s, by library: "
                   f"{_perf_shares(recording, 'dso', 5)}", flush=True)
@@ -333,8 +343,7 @@ def _context_switches(pid: int, action: Callable[[], object]) -> tuple[float, in
     lines = [line for line in counts.read_text().splitlines() if "context-switches" in line]
     counts.unlink()
     if not lines or not lines[0].split(",")[0].isdigit():
-        raise SystemExit("perf counted nothing: attaching to the daemon needs root or a lower "
-                         "/proc/sys/kernel/perf_event_paranoid")
+        raise SystemExit(f"perf counted nothing: {_PERF_DENIED}")
     return seconds, int(lines[0].split(",")[0])
 
 
@@ -343,11 +352,9 @@ def probe_small_writes(server: s3server.MotoServer, workdir: Path) -> None:
     writes, shorter), against the direct upload of as many objects. It also prints the
     daemon's CPU and thread switches per file: changes to the write path move those, while
     the ratio mostly follows this server's rate of PutObjects."""
-    if shutil.which("perf") is None:
-        raise SystemExit("the small-writes probe needs perf: apt-get install linux-perf")
+    _require("perf", "linux-perf", "small-writes")
     plan = WritePlan.make(0, 2000, 100 * 1024)
-    mount = AvafsMount(server, workdir / "mnt", 2**30, 10 * 2**30)
-    mount.mount(workdir / "cache")
+    mount = _bench_mount(server, workdir)
     ratios: list[float] = []
     try:
         for number in range(ROUNDS):

@@ -36,9 +36,9 @@ def _leave_unindexed_file(root: Path, block: BlockId) -> Path:
 class _GatedSweepTier(DiskTier):
     """Holds the sweep after it has listed the index and before it looks at any file."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, *args: object) -> None:
         self.gate = threading.Event()
-        super().__init__(root, 64 * MIB, 1000, 0.9, 0.7)
+        super().__init__(*args)
 
     def _block_files(self) -> Iterator[Path]:
         assert self.gate.wait(10), "the test never opened the gate"
@@ -59,7 +59,7 @@ def test_a_file_left_unindexed_by_a_crash_is_removed_at_start(tmp_path):
 def test_blocks_written_while_the_sweep_runs_survive_it(tmp_path):
     _tier(tmp_path).close()
     _leave_unindexed_file(tmp_path, _block(99))
-    tier = _GatedSweepTier(tmp_path)
+    tier = _tier(tmp_path, _GatedSweepTier)
     written = {_block(index): bytes([index]) * 4096 for index in range(20)}
     for block, data in written.items():
         tier.put(block, data)
@@ -76,7 +76,7 @@ def test_blocks_written_while_the_sweep_runs_survive_it(tmp_path):
 def test_a_crash_leftover_rewritten_while_the_sweep_runs_is_kept(tmp_path):
     _tier(tmp_path).close()
     _leave_unindexed_file(tmp_path, _block(3))
-    tier = _GatedSweepTier(tmp_path)
+    tier = _tier(tmp_path, _GatedSweepTier)
     tier.put(_block(3), b"fetched again")
 
     tier.gate.set()

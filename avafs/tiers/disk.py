@@ -62,10 +62,9 @@ class DiskTier(TierAccounting):
         not a map to each file's path, which would cost about 100 more bytes per block."""
         self._index = Rdict(str(root / "index"), options=Options(raw_mode=True))
         self._load_index()
-        self._sweeping = True
-        self._written_while_sweeping: set[str] = set()
+        self._written_while_sweeping: set[str] | None = set()
         """Names of block files written since the sweep took its list of indexed blocks: the
-        sweep must not take them for a crash's leftovers."""
+        sweep must not take them for a crash's leftovers. None once the sweep has ended."""
         self._sweeper = threading.Thread(target=self._sweep_unindexed_files, daemon=True,
                                          name="avafs-disk-sweep")
         self._sweeper.start()
@@ -100,8 +99,7 @@ class DiskTier(TierAccounting):
                 path.unlink(missing_ok=True)
             removed += 1
         with self._lock:
-            self._sweeping = False
-            self._written_while_sweeping.clear()
+            self._written_while_sweeping = None
         if removed:
             log.info("disk tier: removed %d block files left unindexed by a crash", removed)
 
@@ -167,7 +165,7 @@ class DiskTier(TierAccounting):
             # Reserve the space now so concurrent inserts cannot overrun the cap together.
             self._lru.add(block, size)
             self._lru.pin(block)
-            if self._sweeping:
+            if self._written_while_sweeping is not None:
                 self._written_while_sweeping.add(path.name)
         self._unlink(victims)
         tmp = self._tmp_dir / f"{path.name}.{threading.get_ident()}"
