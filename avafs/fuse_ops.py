@@ -2,7 +2,8 @@
 
 Anything that may block (a LIST, a HEAD, a block load) runs in a worker thread; answers that are
 already in memory (fresh listings, RAM-resident blocks) are given inline, because a thread hop
-costs more than the answer. The kernel's own caches are used on purpose: entry and attribute
+costs more than the answer, and so is the one GET of a small file missing from both tiers,
+awaited on this loop where the store can send it there (`TierStack.fetch_small`). The kernel's own caches are used on purpose: entry and attribute
 timeouts follow `--metadata-ttl`, negative lookups are cached as well, and `keep_cache` is set
 when a file is reopened at an unchanged ETag, so warm re-reads come from the page cache.
 """
@@ -295,6 +296,9 @@ class AvafsOperations(pyfuse3.Operations):
             return os.pread(handle.fd, size, off)
         ref = handle.ref
         data = self.stack.read_small(ref, off, size)
+        if data is None:
+            with _as_fuse_error():
+                data = await self.stack.fetch_small(ref, off, size)
         if data is not None:
             return data
         if ref.size > self.stack.block_size:  # a one-block file is loaded by `stack.read`

@@ -20,15 +20,20 @@ class InstrumentedStore(ObjectStore, MultipartUploads):
         self._metrics = metrics
 
     def _timed(self, operation: str, call: Callable[[], T]) -> T:
-        self._metrics.store_requests.labels(operation).inc()
         started = time.perf_counter()
         try:
-            return call()
+            result = call()
         except Exception:
-            self._metrics.store_errors.labels(operation).inc()
+            self._record(operation, started, failed=True)
             raise
-        finally:
-            self._metrics.store_latency.labels(operation).observe(time.perf_counter() - started)
+        self._record(operation, started)
+        return result
+
+    def _record(self, operation: str, started: float, failed: bool = False) -> None:
+        self._metrics.store_requests.labels(operation).inc()
+        self._metrics.store_latency.labels(operation).observe(time.perf_counter() - started)
+        if failed:
+            self._metrics.store_errors.labels(operation).inc()
 
     def check(self) -> None:
         self.inner.check()
@@ -41,6 +46,19 @@ class InstrumentedStore(ObjectStore, MultipartUploads):
 
     def get_range(self, key: str, start: int, length: int, etag: str) -> bytes:
         return self._timed("get", lambda: self.inner.get_range(key, start, length, etag))
+
+    async def get_range_on_loop(self, key: str, start: int, length: int,
+                                etag: str) -> bytes | None:
+        """Counted when answered: after a None the caller's `get_range` counts itself."""
+        started = time.perf_counter()
+        try:
+            data = await self.inner.get_range_on_loop(key, start, length, etag)
+        except Exception:
+            self._record("get", started, failed=True)
+            raise
+        if data is not None:
+            self._record("get", started)
+        return data
 
     def open_range(self, key: str, start: int, length: int, etag: str) -> BinaryIO:
         return self._timed("get", lambda: self.inner.open_range(key, start, length, etag))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
+import ssl
 import zlib
 from dataclasses import dataclass
 from datetime import datetime
@@ -27,8 +28,10 @@ from xml.etree import ElementTree
 import botocore.exceptions
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
+from botocore.httpsession import get_cert_path
 
 from .base import ObjectInfo
+from .loop_http import LoopHttp
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +43,8 @@ WRONG_PATH = (301, 307, 400)
 """Answers that would repeat on every lean request (the bucket lives elsewhere, the request
 is malformed for this server): boto3, which follows redirects, takes over for good."""
 _S3 = "{http://s3.amazonaws.com/doc/2006-03-01/}"
+_ERROR_BODY_LIMIT = 64 * 1024
+"""An error answer's XML is read whole, whatever the range asked for, to see its status."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,7 @@ class LeanRequests:
         self._region = client.meta.region_name or "us-east-1"
         self._base: str | None = None
         self._usable = credentials is not None
+        self._loop = _loop_http(client)
 
     def _bucket_url(self) -> str | None:
         """The bucket's URL as the client addresses it (virtual-hosted or path style,
@@ -86,22 +92,49 @@ class LeanRequests:
     def open(self, key: str, start: int, length: int, etag: str) -> BinaryIO | None:
         """The body of bytes [start, start+length) of this version, streaming; None when the
         full client should handle the request. Raises Changed for a gone version."""
-        base = self._bucket_url()
-        if base is None:
+        request = self._ranged_get(key, start, length, etag)
+        if request is None:
             return None
-        response = self._send(AWSRequest(
-            method="GET", url=base + quote(key, safe="/~"), stream_output=True,
-            headers={"Range": f"bytes={start}-{start + length - 1}", "If-Match": f'"{etag}"'}))
+        response = self._send(request)
         if response is None:
             return None
         raw = response.raw
-        if response.status_code == PARTIAL_CONTENT and \
-                int(response.headers.get("content-length", -1)) == length:
+        if _whole_range(response.status_code, response.headers, length):
             return _Body(raw)
         raw.close()
         if response.status_code in CHANGED:
             raise Changed()
         return None
+
+    async def get_on_loop(self, key: str, start: int, length: int, etag: str) -> bytes | None:
+        """Bytes [start, start+length) of this version, fetched on the calling trio loop;
+        None when the request should go through `open` in a thread instead (no loop client
+        for this store, or an answer other than the bytes). Raises Changed for a gone
+        version."""
+        if self._loop is None:
+            return None
+        request = self._ranged_get(key, start, length, etag)
+        if request is None:
+            return None
+        prepared = self._signed(request)
+        reply = await self._loop.get(prepared.url, prepared.headers,
+                                     max_body=max(length, _ERROR_BODY_LIMIT))
+        if reply is None:
+            return None
+        self._note_status(reply.status)
+        if _whole_range(reply.status, reply.headers, length) and len(reply.body) == length:
+            return reply.body
+        if reply.status in CHANGED:
+            raise Changed()
+        return None
+
+    def _ranged_get(self, key: str, start: int, length: int, etag: str) -> AWSRequest | None:
+        base = self._bucket_url()
+        if base is None:
+            return None
+        return AWSRequest(
+            method="GET", url=base + quote(key, safe="/~"), stream_output=True,
+            headers={"Range": f"bytes={start}-{start + length - 1}", "If-Match": f'"{etag}"'})
 
     def put(self, key: str, data: bytes) -> str | None:
         """Store an object in one PutObject; its ETag, or None when the full client should
@@ -147,24 +180,30 @@ class LeanRequests:
         except (ElementTree.ParseError, ValueError, TypeError, AttributeError):
             return None
 
-    def _send(self, request: AWSRequest):
-        """Sign and send; None on any transport failure (the caller falls back)."""
+    def _signed(self, request: AWSRequest):
         S3SigV4Auth(self._credentials.get_frozen_credentials(), "s3",
                     self._region).add_auth(request)
         prepared = request.prepare()
         # urllib3 copies the headers of every request; botocore's case-insensitive mapping
         # copies item by item, a plain dict at C speed.
         prepared.headers = dict(prepared.headers.items())
+        return prepared
+
+    def _send(self, request: AWSRequest):
+        """Sign and send; None on any transport failure (the caller falls back)."""
         try:
-            response = self._client._endpoint.http_session.send(prepared)
+            response = self._client._endpoint.http_session.send(self._signed(request))
         except botocore.exceptions.BotoCoreError:
             return None
-        if response.status_code in WRONG_PATH:
+        self._note_status(response.status_code)
+        return response
+
+    def _note_status(self, status: int) -> None:
+        if status in WRONG_PATH:
             log.info("lean requests disabled: the store answered %d; every request goes "
-                     "through boto3", response.status_code)
+                     "through boto3", status)
             self._usable = False
             self._base = None
-        return response
 
 
 def sends_crc32(client) -> bool:
@@ -172,6 +211,28 @@ def sends_crc32(client) -> bool:
     (`request_checksum_calculation`, or AWS_REQUEST_CHECKSUM_CALCULATION, set to
     "when_required" turns it off for stores that refuse the headers)."""
     return client.meta.config.request_checksum_calculation == "when_supported"
+
+
+def _whole_range(status: int, headers, length: int) -> bool:
+    return status == PARTIAL_CONTENT and int(headers.get("content-length", -1)) == length
+
+
+def _loop_http(client) -> LoopHttp | None:
+    """A loop client with the TLS verification and timeouts of the client's own HTTP
+    session; None where that session does more than this one would (a proxy, a client
+    certificate), so those stores keep every GET on the thread path."""
+    session = client._endpoint.http_session
+    if session._cert_file or any(session._proxy_config.proxy_url_for(f"{scheme}://host")
+                                 for scheme in ("http", "https")):
+        return None
+    verify = session._verify
+    context = ssl.create_default_context(cafile=get_cert_path(verify) if verify else None)
+    if verify is False:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    config = client.meta.config
+    return LoopHttp(context, config.connect_timeout, config.read_timeout,
+                    config.max_pool_connections)
 
 
 def _parse_list_page(document: bytes) -> ListPage:

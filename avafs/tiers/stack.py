@@ -5,7 +5,8 @@ read-ahead stream started it, so concurrent readers of a block share one GET, an
 in-flight budget (`--inflight-memory`) bounds every fetch, read-ahead included (Mountpoint's
 prefetcher is known to OOM). The disk write of a fetched block happens after waiting readers
 have their data, so it never adds to their latency; only a read of a single missing block,
-which loads it in the reader's own thread, waits for that write too (see `read`).
+which loads it in the reader's own thread or on the FUSE loop, waits for that write too (see
+`read` and `fetch_small`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+import trio
+
+from ..errors import StoreError
 from ..metrics import Metrics
 from ..stores.base import ObjectStore
 from .blocks import BlockId, block_span
@@ -96,6 +100,40 @@ class TierStack:
         self.metrics.tier_hits["disk"].inc()
         self.metrics.served_from["disk"].inc(len(data))
         self._admit_to_ram(block, data)
+        return self._slice([data], offset, size, ref)
+
+    async def fetch_small(self, ref: ObjectRef, offset: int, size: int) -> bytes | None:
+        """The bytes of a one-block object that neither tier holds (`read_small` said None),
+        fetched from the store on the caller's trio loop, then cached like any load. None
+        when the block got cached or began loading meanwhile, or no fetch slot is free: then
+        `read`, in a thread, waits for it. The block stays small (INLINE_DISK_READ) because
+        its disk write happens on the loop too. A store with no loop client gets the GET in
+        a thread here, the same hop `read` would make."""
+        if ref.size > min(INLINE_DISK_READ, self.block_size):
+            return None
+        block = ref.block(0)
+        if not self._slots.acquire(blocking=False):
+            return None
+        with self._lock:
+            if self._present(block):
+                self._slots.release()
+                return None
+            future: Future[bytes] = Future()
+            self._loading[block] = future
+        try:
+            data = await ref.store.get_range_on_loop(ref.key, 0, ref.size, ref.etag)
+            if data is None:
+                data = await trio.to_thread.run_sync(ref.store.get_range, ref.key, 0, ref.size,
+                                                     ref.etag)
+            self._fetched(block, future, data)
+        except BaseException as error:
+            # Readers waiting in threads get a plain error, never trio's own Cancelled.
+            future.set_exception(error if isinstance(error, Exception) else
+                                 StoreError(f"reading {ref.key} was interrupted"))
+            self._done_loading(block)
+            raise
+        finally:
+            self._slots.release()
         return self._slice([data], offset, size, ref)
 
     def checked_files(self, refs: list[ObjectRef]) -> list[str | None]:
