@@ -131,9 +131,9 @@ class LoopHttp:
                     if received > max_body:
                         raise _TooLong()
                     body.append(bytes(event.data))
-                elif isinstance(event, h11.EndOfMessage) and response is not None:
+                elif isinstance(event, h11.EndOfMessage):
                     break
-                elif isinstance(event, h11.ConnectionClosed):
+                elif isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
                     raise trio.BrokenResourceError("the server closed the connection")
         except (*_FAILURES, _TooLong):
             connection.close_now()

@@ -222,10 +222,13 @@ def _loop_http(client) -> LoopHttp | None:
     session; None where that session does more than this one would (a proxy, a client
     certificate), so those stores keep every GET on the thread path."""
     session = client._endpoint.http_session
-    if session._cert_file or any(session._proxy_config.proxy_url_for(f"{scheme}://host")
-                                 for scheme in ("http", "https")):
+    try:
+        cert_file, proxies, verify = session._cert_file, session._proxy_config, session._verify
+    except AttributeError:  # a botocore whose session is built differently: threads only
+        log.info("no loop client for this botocore; every GET goes through a thread")
         return None
-    verify = session._verify
+    if cert_file or any(proxies.proxy_url_for(f"{scheme}://host") for scheme in ("http", "https")):
+        return None
     context = ssl.create_default_context(cafile=get_cert_path(verify) if verify else None)
     if verify is False:
         context.check_hostname = False
