@@ -2,10 +2,11 @@
 
 Anything that may block (a LIST, a HEAD, a block load) runs in a worker thread; answers that are
 already in memory (fresh listings, RAM-resident blocks) are given inline, because a thread hop
-costs more than the answer, and so is the one GET of a small file missing from both tiers,
-awaited on this loop where the store can send it there (`TierStack.fetch_small`). The kernel's own caches are used on purpose: entry and attribute
-timeouts follow `--metadata-ttl`, negative lookups are cached as well, and `keep_cache` is set
-when a file is reopened at an unchanged ETag, so warm re-reads come from the page cache.
+costs more than the answer. The one GET of a small file missing from both tiers is awaited on
+this loop where the store can send it there (`TierStack.fetch_small`). The kernel's own caches
+are used on purpose: entry and attribute timeouts follow `--metadata-ttl`, negative lookups are
+cached as well, and `keep_cache` is set when a file is reopened at an unchanged ETag, so warm
+re-reads come from the page cache.
 """
 
 from __future__ import annotations

@@ -107,3 +107,13 @@ def test_a_store_behind_a_proxy_keeps_its_reads_off_the_loop(s3_server, bucket):
 
     assert trio.run(lean.get_on_loop, "key", 0, 10, "etag") is None
     assert len(s3_server.requests()) == requests
+
+
+def test_a_ca_bundle_that_cannot_be_loaded_leaves_the_error_to_boto3(s3_server, bucket, tmp_path):
+    """The mount still starts; boto3, on the thread path, reports the bundle in its words."""
+    session = boto3.session.Session(region_name="us-east-1")
+    client = session.client("s3", endpoint_url=s3_server.endpoint,
+                            verify=str(tmp_path / "missing-ca.pem"))
+    lean = LeanRequests(client, session.get_credentials(), bucket)
+
+    assert trio.run(lean.get_on_loop, "key", 0, 10, "etag") is None

@@ -3,9 +3,9 @@
 Why: a cold small file's READ waits on exactly one GET. Sent from a worker thread, that GET
 costs a thread hop there and back and, with eight readers, a fight for the GIL at every
 socket call (173 futex calls per file in `strace -c` of the daemon); sent on the loop, the
-wait is an epoll registration. By hand (1000 x 100 KiB, 8 readers, moto on loopback, old
-and new code in turn, 5 rounds): 0.92x -> 1.15x the direct parallel download, daemon CPU 1.97
--> 1.49 s per 1000 files. h11 frames the messages; this module owns the sockets, the pool
+wait is an epoll registration (726 futex calls for 1000 files). By hand (1000 x 100 KiB, 8
+readers, moto on loopback, old and new code in turn, 5 rounds): 0.95x -> 1.19x the direct
+parallel download, daemon CPU 2.01 -> 1.85 s per 1000 files. h11 frames the messages; this module owns the sockets, the pool
 and the timeouts, and gives up (returns None) on anything unexpected, so the caller sends
 the request again through the thread path, which owns retries and error reporting.
 """
@@ -67,8 +67,9 @@ class LoopHttp:
 
     async def get(self, url: str, headers: dict[str, str], max_body: int) -> Reply | None:
         """GET `url` with `headers` (a Host header is added unless given); None if the
-        connection failed, timed out, or the body was longer than `max_body`. A kept-alive
-        connection the server has closed meanwhile is replaced once, as urllib3 does."""
+        connection failed, timed out, or the body was longer than `max_body`. A GET that
+        fails on a kept-alive connection (most often one the server has closed meanwhile) is
+        sent once more on a new one, as urllib3 does."""
         self._forget_other_runs()
         parts = urlsplit(url)
         if parts.scheme not in _DEFAULT_PORTS or not parts.hostname:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
+import os
 import ssl
 import zlib
 from dataclasses import dataclass
@@ -229,7 +230,14 @@ def _loop_http(client) -> LoopHttp | None:
         return None
     if cert_file or any(proxies.proxy_url_for(f"{scheme}://host") for scheme in ("http", "https")):
         return None
-    context = ssl.create_default_context(cafile=get_cert_path(verify) if verify else None)
+    bundle = get_cert_path(verify) if verify else None
+    try:
+        context = ssl.create_default_context(
+            cafile=bundle if bundle and not os.path.isdir(bundle) else None,
+            capath=bundle if bundle and os.path.isdir(bundle) else None)
+    except (OSError, ssl.SSLError) as error:  # boto3 reports a bad CA bundle in its words
+        log.info("no loop client (CA bundle: %s); every GET goes through a thread", error)
+        return None
     if verify is False:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE

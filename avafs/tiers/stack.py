@@ -131,8 +131,9 @@ class TierStack:
             self._fetched(block, future, data)
         except BaseException as error:
             # Readers waiting in threads get a plain error, never trio's own Cancelled.
-            future.set_exception(error if isinstance(error, Exception) else
-                                 StoreError(f"reading {ref.key} was interrupted"))
+            if not future.done():
+                future.set_exception(error if isinstance(error, Exception) else
+                                     StoreError(f"reading {ref.key} was interrupted"))
             self._done_loading(block)
             raise
         finally:
