@@ -297,7 +297,7 @@ class AvafsOperations(pyfuse3.Operations):
             return os.pread(handle.fd, size, off)
         ref = handle.ref
         data = self.stack.read_small(ref, off, size)
-        if data is None:
+        if data is None and self.stack.is_small(ref):
             with _as_fuse_error():
                 data = await self.stack.fetch_small(ref, off, size)
         if data is not None:

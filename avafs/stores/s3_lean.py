@@ -22,6 +22,7 @@ import ssl
 import zlib
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from typing import BinaryIO
 from urllib.parse import quote, unquote_plus, urlencode, urlsplit
 from xml.etree import ElementTree
@@ -69,7 +70,12 @@ class LeanRequests:
         self._region = client.meta.region_name or "us-east-1"
         self._base: str | None = None
         self._usable = credentials is not None
-        self._loop = _loop_http(client)
+
+    @cached_property
+    def _loop(self) -> LoopHttp | None:
+        """Made at the first GET on the loop: loading the CA bundle takes about 18 ms, which
+        processes that never read through FUSE need not pay."""
+        return _loop_http(self._client)
 
     def _bucket_url(self) -> str | None:
         """The bucket's URL as the client addresses it (virtual-hosted or path style,

@@ -83,13 +83,14 @@ class TierStack:
         self.metrics.served_from["ram"].inc(len(result))
         return result
 
-    def _is_small(self, ref: ObjectRef) -> bool:
+    def is_small(self, ref: ObjectRef) -> bool:
+        """One block, small enough to read or write on the FUSE loop (INLINE_DISK_READ)."""
         return ref.size <= min(INLINE_DISK_READ, self.block_size)
 
     def read_small(self, ref: ObjectRef, offset: int, size: int) -> bytes | None:
         """The bytes of an object of one small block, from RAM or straight from the disk
         tier; None if it is larger, loading, or in neither tier (never waits for the store)."""
-        if not self._is_small(ref):
+        if not self.is_small(ref):
             return None
         data = self.read_from_ram(ref, offset, size)
         if data is not None:
@@ -112,7 +113,7 @@ class TierStack:
         `read`, in a thread, waits for it. The block stays small (INLINE_DISK_READ) because
         its disk write happens on the loop too. A store with no loop client gets the GET in
         a thread here, the same hop `read` would make."""
-        if not self._is_small(ref):
+        if not self.is_small(ref):
             return None
         block = ref.block(0)
         if not self._slots.acquire(blocking=False):
