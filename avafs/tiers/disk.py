@@ -21,6 +21,7 @@ from pathlib import Path
 
 from rocksdict import Options, Rdict, WriteBatch
 
+from .block_files import BlockFileWriter
 from .blocks import BlockId
 from .lru import CappedLRU, TierAccounting
 
@@ -53,6 +54,7 @@ class DiskTier(TierAccounting):
         self._tmp_dir.mkdir(parents=True)
         self._blocks_dir.mkdir(exist_ok=True)
         self._lock = threading.Lock()
+        self._writer = BlockFileWriter()
         self._capacity = capacity
         self._lru = CappedLRU(capacity, capacity_files, high, low)
         self._records: dict[BlockId, tuple[int, int]] = {}  # size, crc32
@@ -170,7 +172,7 @@ class DiskTier(TierAccounting):
         self._unlink(victims)
         tmp = self._tmp_dir / f"{path.name}.{threading.get_ident()}"
         try:
-            tmp.write_bytes(data)
+            self._writer.write(tmp, data)
             path.parent.mkdir(exist_ok=True)
             os.replace(tmp, path)
         except OSError as error:
