@@ -20,9 +20,10 @@ from avafs.errors import ObjectChangedError
 from avafs.metrics import Metrics
 from avafs.stores.instrumented import InstrumentedStore
 from avafs.stores.local import LocalStore
+from avafs.tiers.blocks import BlockId
 from avafs.tiers.disk import DiskTier
 from avafs.tiers.ram import RamTier
-from avafs.tiers.stack import ObjectRef, TierStack
+from avafs.tiers.stack import WRITE_BEHIND_BLOCKS, ObjectRef, TierStack
 
 BLOCK = 64 * 1024
 BLOCKS = 12
@@ -89,6 +90,62 @@ def test_stream_mixes_promotion_and_one_request_for_the_gap(stack, ref):
 
     assert stack.metrics.value(stack.metrics.hits, "disk") == BLOCKS // 2
     assert _gets(stack) == requests + 1
+
+
+class _GatedDiskTier(DiskTier):
+    """Holds every block write until `gate` opens."""
+
+    def __init__(self, *args: object) -> None:
+        self.gate = threading.Event()
+        super().__init__(*args)
+
+    def put(self, block: BlockId, data: bytes) -> None:
+        assert self.gate.wait(10), "the test never opened the gate"
+        super().put(block, data)
+
+
+def _in_ram(stack: TierStack, ref: ObjectRef) -> int:
+    return sum(stack.is_cached(ref, index, "ram") for index in range(stack.block_count(ref)))
+
+
+def test_a_stream_reads_on_while_the_disk_is_behind_but_only_so_far(tmp_path, ref):
+    disk = _GatedDiskTier(tmp_path / "gated-disk", 64 * BLOCK, 1000, 0.9, 0.7)
+    stack = TierStack(RamTier(64 * BLOCK, 1000, 0.9, 0.7), disk, BLOCK, 32 * BLOCK, Metrics())
+    try:
+        assert stack.stream(ref, 0, BLOCKS) == BLOCKS
+        # Readers get a block before its disk write is taken in; the stream then waits.
+        held = WRITE_BEHIND_BLOCKS + 1
+        deadline = time.monotonic() + 10
+        while _in_ram(stack, ref) < held:
+            assert time.monotonic() < deadline, "the stream stopped before its write-behind room"
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert _in_ram(stack, ref) == held, "the stream went on past its write-behind room"
+        assert stack.read(ref, 0, 10) == (tmp_path / "bucket" / "data").read_bytes()[:10]
+
+        disk.gate.set()
+        _wait_in_ram(stack, ref)
+    finally:
+        disk.gate.set()
+        stack.close()
+    assert all(ref.block(index) in disk for index in range(BLOCKS)), \
+        "close waits for the writes behind"
+
+
+def test_streamed_blocks_are_on_disk_after_close(tmp_path, ref):
+    root = tmp_path / "own-disk"
+    stack = TierStack(RamTier(64 * BLOCK, 1000, 0.9, 0.7),
+                      DiskTier(root, 64 * BLOCK, 1000, 0.9, 0.7), BLOCK, 32 * BLOCK, Metrics())
+    assert stack.stream(ref, 0, BLOCKS) == BLOCKS
+    _wait_in_ram(stack, ref)
+    stack.close()
+
+    data = (tmp_path / "bucket" / "data").read_bytes()
+    disk = DiskTier(root, 64 * BLOCK, 1000, 0.9, 0.7)
+    try:
+        assert b"".join(disk.get(ref.block(index)) for index in range(BLOCKS)) == data
+    finally:
+        disk.close()
 
 
 def test_small_objects_are_read_from_disk_in_the_callers_thread(tmp_path, stack):
