@@ -138,7 +138,9 @@ class StreamUploads:
         data = os.pread(stream.fd, length, offset)
         if len(data) != length:
             raise StreamCancelled(stream.key)
-        return stream.uploads.upload_part(stream.key, upload_id, number, data)
+        part = stream.uploads.upload_part(stream.key, upload_id, number, data)
+        _drop_cached(stream.fd, offset + length)
+        return part
 
     def cancel(self, entry: Pending) -> None:
         """Stop streaming `entry` for good (called with the lock held): its file is no longer
@@ -231,3 +233,16 @@ class StreamUploads:
             for stream in list(self._active):
                 self._drop(stream)
         self._pool.shutdown(wait=True)
+
+
+def _drop_cached(fd: int, end: int) -> None:
+    """Let the kernel reuse the page cache of the file's first `end` bytes, which are in the
+    store now: pages written back are dropped, dirty ones start their write-back (the close's
+    fsync would wait for it anyway) and go at a later part's call. Why: a gigabyte written
+    through the page cache takes a gigabyte of memory the kernel has to find, and on the VMs
+    we measure on, memory not touched lately costs about 3 CPU-s per GiB to write into
+    (0.6-0.9 CPU-s when the pages of what went before are reused, by hand)."""
+    try:
+        os.posix_fadvise(fd, 0, end, os.POSIX_FADV_DONTNEED)
+    except OSError as error:  # advice only: the part is in the store either way
+        log.debug("cannot drop the cached pages of a streamed file: %s", error)
