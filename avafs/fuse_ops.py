@@ -312,7 +312,12 @@ class AvafsOperations(pyfuse3.Operations):
     def _read_ahead(self, handle: OpenFile, off: int, size: int) -> None:
         """Sequential readers get streams of blocks ahead of them, started before the read
         that needs the first of them, so even a file's first block comes with its successors
-        in one request. Random readers fetch only the blocks they touch."""
+        in one request. Random readers fetch only the blocks they touch.
+
+        A file's tail no longer than the window joins the stream instead of being a second
+        one: a 64 MiB file is then one GET, not two. moto pays a whole object for any range,
+        so by hand (4 x 64 MiB, one reader, 5 rounds in turn) its CPU fell from 0.6 to 0.25 s
+        and cold reads rose from 281 to 334 MiB/s."""
         span = block_span(off, size, handle.ref.size, self.stack.block_size)
         if not span:
             return
@@ -326,6 +331,9 @@ class AvafsOperations(pyfuse3.Operations):
             return
         first = max(handle.frontier, span.start)
         window = handle.window or read_ahead
+        tail = self.stack.block_count(handle.ref) - first - window
+        if 0 < tail <= window:
+            window = min(window + tail, _MAX_READ_AHEAD_WINDOW)
         frontier = self.stack.stream(handle.ref, first, window)
         if frontier > first:
             handle.window = min(window * 2, _MAX_READ_AHEAD_WINDOW)

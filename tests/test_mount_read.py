@@ -43,6 +43,20 @@ def test_large_file_is_bit_exact(source, mount):
     assert os.stat(mnt / "data" / "large.bin").st_size == len(data)
 
 
+@pytest.mark.parametrize(("blocks", "expected_gets"), [(14, 1), (20, 2)])
+def test_a_sequential_read_takes_a_short_tail_with_its_first_stream(s3_server, bucket, mount,
+                                                                   blocks, expected_gets):
+    """The default window is 8 blocks: a tail of 6 more joins the first stream; 12 more
+    do not, and come with the second, doubled window."""
+    data = payload(3, (blocks - 1) * MiB + 5)
+    s3_server.client().put_object(Bucket=bucket, Key="seq.bin", Body=data)
+    mnt = mount(f"s3://{bucket}", "--endpoint-url", s3_server.endpoint, "--block-size", "1MiB")
+    before = len(gets(s3_server, bucket))
+
+    assert sha256((mnt / "seq.bin").read_bytes()) == sha256(data)
+    assert len(gets(s3_server, bucket)) - before == expected_gets
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="the kernel's read-ahead knob needs root")
 def test_kernel_reads_ahead_a_whole_block(local_bucket, mount):
     mnt = mount(local_bucket.as_uri(), "--block-size", "2MiB")
