@@ -10,8 +10,8 @@ the RAM tier already holds. Readers of the block file read it from the device th
 
 Small blocks are written through the page cache: for them creating the file dominates (about
 0.3 ms either way for 100 KiB) and a direct write would only add the device's latency to the
-caller, which may be the FUSE loop. File systems that refuse O_DIRECT (tmpfs) get buffered
-writes too.
+caller, which may be the FUSE loop. File systems that refuse O_DIRECT (tmpfs before Linux
+6.6, for one) get buffered writes too.
 """
 
 from __future__ import annotations
