@@ -40,8 +40,9 @@ WRITE_BEHIND_BLOCKS = 8
 this far ahead of the disk waits for it, so the bytes held for writing stay bounded."""
 
 WRITE_BEHIND_THREADS = 2
-"""Disk writes of streamed blocks at a time: each is a direct write that keeps the device busy
-for milliseconds and the CPU for little, so two keep a disk busy without taking the cores."""
+"""Disk writes of streamed blocks at a time: a block of 1 MiB or more is a direct write (see
+`block_files`) that keeps the device busy for milliseconds and the CPU for little, so two keep
+a disk busy without taking the cores."""
 
 
 @dataclass(frozen=True, slots=True)
