@@ -29,12 +29,17 @@ BLOCK = 64 * 1024
 BLOCKS = 12
 
 
+def _stack_over(disk: DiskTier) -> TierStack:
+    return TierStack(RamTier(64 * BLOCK, 1000, 0.9, 0.7), disk, BLOCK, 32 * BLOCK, Metrics())
+
+
+def _disk(root, tier_class: type[DiskTier] = DiskTier) -> DiskTier:
+    return tier_class(root, 64 * BLOCK, 1000, 0.9, 0.7)
+
+
 @pytest.fixture
 def stack(tmp_path) -> Iterator[TierStack]:
-    metrics = Metrics()
-    ram = RamTier(64 * BLOCK, 1000, 0.9, 0.7)
-    disk = DiskTier(tmp_path / "disk", 64 * BLOCK, 1000, 0.9, 0.7)
-    stack = TierStack(ram, disk, BLOCK, 32 * BLOCK, metrics)
+    stack = _stack_over(_disk(tmp_path / "disk"))
     yield stack
     stack.close()
 
@@ -109,8 +114,8 @@ def _in_ram(stack: TierStack, ref: ObjectRef) -> int:
 
 
 def test_a_stream_reads_on_while_the_disk_is_behind_but_only_so_far(tmp_path, ref):
-    disk = _GatedDiskTier(tmp_path / "gated-disk", 64 * BLOCK, 1000, 0.9, 0.7)
-    stack = TierStack(RamTier(64 * BLOCK, 1000, 0.9, 0.7), disk, BLOCK, 32 * BLOCK, Metrics())
+    disk = _disk(tmp_path / "gated-disk", _GatedDiskTier)
+    stack = _stack_over(disk)
     try:
         assert stack.stream(ref, 0, BLOCKS) == BLOCKS
         # Readers get a block before its disk write is taken in; the stream then waits.
@@ -134,14 +139,13 @@ def test_a_stream_reads_on_while_the_disk_is_behind_but_only_so_far(tmp_path, re
 
 def test_streamed_blocks_are_on_disk_after_close(tmp_path, ref):
     root = tmp_path / "own-disk"
-    stack = TierStack(RamTier(64 * BLOCK, 1000, 0.9, 0.7),
-                      DiskTier(root, 64 * BLOCK, 1000, 0.9, 0.7), BLOCK, 32 * BLOCK, Metrics())
+    stack = _stack_over(_disk(root))
     assert stack.stream(ref, 0, BLOCKS) == BLOCKS
     _wait_in_ram(stack, ref)
     stack.close()
 
     data = (tmp_path / "bucket" / "data").read_bytes()
-    disk = DiskTier(root, 64 * BLOCK, 1000, 0.9, 0.7)
+    disk = _disk(root)
     try:
         assert b"".join(disk.get(ref.block(index)) for index in range(BLOCKS)) == data
     finally:

@@ -5,9 +5,10 @@ costs a thread hop there and back and, with eight readers, a fight for the GIL a
 socket call (173 futex calls per file in `strace -c` of the daemon); sent on the loop, the
 wait is an epoll registration (726 futex calls for 1000 files). By hand (1000 x 100 KiB, 8
 readers, moto on loopback, old and new code in turn, 5 rounds): 0.95x -> 1.19x the direct
-parallel download, daemon CPU 2.01 -> 1.85 s per 1000 files. h11 frames the messages; this module owns the sockets, the pool
-and the timeouts, and gives up (returns None) on anything unexpected, so the caller sends
-the request again through the thread path, which owns retries and error reporting.
+parallel download, daemon CPU 2.01 -> 1.85 s per 1000 files. h11 frames the messages; this
+module owns the sockets, the pool and the timeouts, and gives up (returns None) on anything
+unexpected, so the caller sends the request again through the thread path, which owns
+retries and error reporting.
 """
 
 from __future__ import annotations
@@ -82,18 +83,14 @@ class LoopHttp:
         request = h11.Request(method="GET", target=target or "/", headers=fields)
         connection = self._take_idle(origin)
         if connection is not None:
-            reply = await self._exchange(connection, request, max_body)
+            reply = await self._exchange(origin, connection, request, max_body)
             if reply is not None:
-                self._keep_or_close(origin, connection)
                 return reply
         try:
             connection = await self._connect(origin)
         except _FAILURES:
             return None
-        reply = await self._exchange(connection, request, max_body)
-        if reply is not None:
-            self._keep_or_close(origin, connection)
-        return reply
+        return await self._exchange(origin, connection, request, max_body)
 
     async def _connect(self, origin: Origin) -> _Connection:
         scheme, host, port = origin
@@ -109,9 +106,10 @@ class LoopHttp:
                     raise
         return _Connection(stream)
 
-    async def _exchange(self, connection: _Connection, request: h11.Request,
+    async def _exchange(self, origin: Origin, connection: _Connection, request: h11.Request,
                         max_body: int) -> Reply | None:
-        """One request and its whole answer; None (and the connection closed) on failure."""
+        """One request and its whole answer, the connection then pooled or closed; None (and
+        the connection closed) on failure."""
         protocol = connection.protocol
         try:
             await connection.stream.send_all(protocol.send(request)
@@ -139,6 +137,7 @@ class LoopHttp:
         except (*_FAILURES, _TooLong):
             connection.close_now()
             return None
+        self._keep_or_close(origin, connection)
         return Reply(response.status_code,
                      {name.decode("latin-1"): value.decode("latin-1")
                       for name, value in response.headers},

@@ -279,16 +279,17 @@ class TierStack:
         disk tier alone is done only once the block is there."""
         self.metrics.misses.inc()
         self.metrics.served_from["store"].inc(len(data))
-        if to_ram:
-            self._admit_to_ram(block, data)
-            future.set_result(data)
-            if write_behind:
-                self._write_behind_room.acquire()
-                self._writers.submit(self._write_behind, block, data)
-                return
-        self._to_disk(block, data)
         if not to_ram:
+            self._to_disk(block, data)
             future.set_result(data)
+            return
+        self._admit_to_ram(block, data)
+        future.set_result(data)
+        if write_behind:
+            self._write_behind_room.acquire()
+            self._writers.submit(self._write_behind, block, data)
+        else:
+            self._to_disk(block, data)
 
     def _write_behind(self, block: BlockId, data: bytes) -> None:
         """Why streams do not write their blocks themselves: a stream's thread that stops
