@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from . import __version__
-from .cache_dir import log_path
+from .cache_dir import log_path, open_log_for_append, prepare_cache_dir
 from .client import Client
 from .config_file import load_config
 from .errors import AvafsError
@@ -184,13 +184,16 @@ def _mount(args: argparse.Namespace) -> int:
 
 
 def _start_daemon(options: MountOptions, mountpoint: Path) -> int:
-    options.cache_dir.mkdir(parents=True, exist_ok=True)
+    prepare_cache_dir(options.cache_dir)
     read_end, write_end = os.pipe()
-    with open(log_path(options.cache_dir), "ab") as log_file:
+    log_file = open_log_for_append(options.cache_dir)
+    try:
         daemon = subprocess.Popen(
             [sys.executable, "-m", "avafs", *sys.argv[1:], "--ready-fd", str(write_end)],
             pass_fds=(write_end,), start_new_session=True, cwd="/",
             stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
+    finally:
+        os.close(log_file)
     os.close(write_end)
     with os.fdopen(read_end) as report:
         message = report.readline().strip()

@@ -20,7 +20,16 @@ from pathlib import Path
 import prometheus_client
 import trio
 
-from .cache_dir import DISK_TIER_DIR, LOCATIONS_FILE, LOCK_FILE, PID_FILE, WRITEBACK_DIR, log_path
+from .cache_dir import (
+    DISK_TIER_DIR,
+    LOCATIONS_FILE,
+    LOCK_FILE,
+    PID_FILE,
+    PRIVATE_UMASK,
+    WRITEBACK_DIR,
+    log_path,
+    prepare_cache_dir,
+)
 from .control import SOCKET_NAME, ControlServer, Progress
 from .errors import AvafsError
 from .file_reads import FileReads
@@ -186,8 +195,17 @@ class Filesystem:
 
 
 def serve(options: MountOptions, mountpoint: Path, ready_fd: int | None) -> int:
-    """Run a mount to completion; reports readiness or the failure on `ready_fd`."""
-    options.cache_dir.mkdir(parents=True, exist_ok=True)
+    """Run a mount to completion; reports readiness or the failure on `ready_fd`.
+
+    Everything the daemon creates (blocks, data files, journal, log) is owner-only whatever
+    umask it was started with: the cache dir's contents are the mount owner's alone.
+    """
+    os.umask(PRIVATE_UMASK)
+    try:
+        prepare_cache_dir(options.cache_dir)
+    except AvafsError as error:
+        _report(ready_fd, f"error: {error}")
+        return 1
     setup_logging(options, foreground=ready_fd is None)
     with ExitStack() as exits:
         try:

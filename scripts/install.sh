@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(fuse3 libfuse3-dev pkg-config util-linux sqlite3 etcd-server rclone s3fs)
+packages=(fuse3 libfuse3-dev pkg-config util-linux sqlite3 etcd-server rclone s3fs python3-minimal)
 missing=()
 for package in "${packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")

@@ -90,3 +90,23 @@ def unmount(path: Path) -> None:
 def run_avafs(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(AVAFS + list(args), capture_output=True, text=True, timeout=timeout,
                           **kwargs)
+
+
+NOBODY = 65534
+SYSTEM_PYTHON = "/usr/bin/python3"
+"""An interpreter any user may run (this one may live under root's 0700 home); stdlib only."""
+
+
+def run_python_as(uid: int, code: str, *args: str, gid: int | None = None,
+                  timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run `python3 -c code args...` as another user (this process must be root), the way a
+    second local user or a non-root pod would touch the mount and its files."""
+    group = uid if gid is None else gid
+
+    def drop_privileges() -> None:
+        os.setgroups([])
+        os.setgid(group)
+        os.setuid(uid)
+
+    return subprocess.run([SYSTEM_PYTHON, "-c", code, *args], capture_output=True, text=True,
+                          timeout=timeout, preexec_fn=drop_privileges, cwd="/")
