@@ -48,6 +48,9 @@ from gpu_sched.state import Assignment, Ledger, assignment_from_pod
 log = logging.getLogger("gpu_sched.extender")
 
 MAX_BODY_BYTES = 128 * 1024 * 1024
+MAX_NESTING = 64
+"""Deepest JSON nesting accepted; Kubernetes objects stay far shallower, and a limit well below
+Python's recursion limit keeps every later step (matching, echoing nodes back) from recursing out."""
 UNKNOWN_NODE = "unknown node: the API server lists no node of this name"
 
 
@@ -67,6 +70,23 @@ def _object(value: Any, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise BadRequest(f"{what} must be a JSON object")
     return value
+
+
+def _nesting_depth(value: Any) -> int:
+    """Depth of nested arrays and objects, walked without recursion."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) \
+            else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if depth > MAX_NESTING:
+            break
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def _string(obj: dict[str, Any], name: str, required: bool = True) -> str:
@@ -290,10 +310,22 @@ class Extender:
         return {"Error": ""}
 
     def _bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        """Bind one pod; a pod the API server already shows bound is never re-placed.
+
+        A retried bind (kube-scheduler's request timed out after the first one went through) must
+        leave the running pod's ledger entry and annotation alone: re-placing it would record
+        GPUs for it afresh, and the API server's refusal would then release the GPUs it holds.
+        """
         pod = self.kube.get_pod(namespace, name)
         actual_uid = str((pod.get("metadata") or {}).get("uid") or "")
         if uid and actual_uid and uid != actual_uid:
             raise ObjectError(f"pod {namespace}/{name} is now UID {actual_uid}, not {uid}")
+        bound_to = (pod.get("spec") or {}).get("nodeName")
+        if bound_to == node:
+            log.info("bind %s/%s to %s: already bound there", namespace, name, node)
+            return
+        if bound_to:
+            raise ObjectError(f"pod {namespace}/{name} is already bound to node {bound_to}")
         request = pod_request(pod)
         if not request.wants_gpu:
             self.kube.bind_pod(namespace, name, uid, node)
@@ -303,6 +335,9 @@ class Extender:
             raise ObjectError(f"node {node}: {UNKNOWN_NODE}")
         key = pod_key(pod)
         with self.ledger.lock:
+            in_flight = self.ledger.get(key)
+            if in_flight is not None and in_flight.settled_at is None:
+                raise ObjectError(f"pod {key} is being bound to node {in_flight.node} already")
             refusal = self._quota_refusal(pod, request)
             if refusal:
                 raise ObjectError(refusal)
@@ -362,12 +397,19 @@ class _Handler(BaseHTTPRequestHandler):
             raise BadRequest(f"body of {length} bytes is over the {MAX_BODY_BYTES}-byte limit")
         raw = self.rfile.read(length)
         try:
-            return json.loads(raw.decode("utf-8"))
+            body = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as exc:
             raise BadRequest("body is not UTF-8") from exc
         except json.JSONDecodeError as exc:
             raise BadRequest(f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
                              ) from exc
+        except RecursionError as exc:
+            raise BadRequest(f"JSON nested deeper than {MAX_NESTING} levels") from exc
+        except ValueError as exc:
+            raise BadRequest(f"unreadable JSON value: {str(exc).splitlines()[0]}") from exc
+        if _nesting_depth(body) > MAX_NESTING:
+            raise BadRequest(f"JSON nested deeper than {MAX_NESTING} levels")
+        return body
 
     def do_GET(self) -> None:
         if self.path == "/healthz":
