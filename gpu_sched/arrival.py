@@ -30,8 +30,8 @@ from gpu_sched.fragmentation import (
     Shape,
     fragmentation,
     model_access,
+    node_waste,
     placement_delta,
-    stranding,
 )
 from gpu_sched.trace import TraceError, TraceNode, TracePod
 
@@ -180,7 +180,8 @@ class RandomArrival(ArrivalPolicy):
 
 
 class FgdArrival(ArrivalPolicy):
-    """Fragmentation gradient descent: the node (and for a share, the GPU) where F grows least.
+    """Fragmentation gradient descent: the node (and for a share, the GPU) where the workload's
+    expected waste (fragmentation.waste) grows least.
 
     Ties, common among identical idle machines, go to the binpack order (fewest whole GPUs left
     free, a used node before an idle one), so idle machines stay whole.
@@ -190,8 +191,8 @@ class FgdArrival(ArrivalPolicy):
         super().__init__(cluster)
         self.types = types
         self.aggregates = Aggregates(types, cluster.gpu_left)
-        self.current = stranding(types, cluster.free, self.aggregates.slots, cluster.cpu_left,
-                                 cluster.memory_left, types.access)
+        self.current = node_waste(types, self.aggregates, cluster.free, cluster.cpu_left,
+                                  cluster.memory_left, np.arange(len(cluster.names)))
 
     def choose(self, shape: Shape, feasible: np.ndarray) -> tuple[int, list[int]] | None:
         cluster = self.cluster
@@ -221,10 +222,9 @@ class FgdArrival(ArrivalPolicy):
     def placed(self, node: int) -> None:  # noqa: B027 - a hook most policies need not use
         cluster = self.cluster
         self.aggregates.refresh(node, cluster.gpu_left[node])
-        column = np.array([node])
-        self.current[node] = stranding(
-            self.types, cluster.free[column], self.aggregates.slots[:, column],
-            cluster.cpu_left[column], cluster.memory_left[column], self.types.access[:, column])[0]
+        self.current[node] = node_waste(self.types, self.aggregates, cluster.free,
+                                        cluster.cpu_left, cluster.memory_left,
+                                        np.array([node]))[0]
 
 
 def make_arrival_policy(name: str, cluster: Cluster, shapes: list[Shape],

@@ -28,6 +28,9 @@ import numpy as np
 
 MILLI = 1000
 EXACT = 1e-6
+FRAGMENTATION_WEIGHT = 3.0
+"""Weight of `fragmentation` against `stranding` in `waste`, chosen on the trace's default
+workload (BENCHMARKS.md)."""
 """Added before flooring a quotient computed as a product with a reciprocal, so exact multiples
 (8000 milli-CPU left, 4000 per pod) are not floored one short by rounding."""
 
@@ -141,23 +144,55 @@ def stranding(types: PodTypes, free: np.ndarray, slots: np.ndarray, cpu_left: np
     return free * (types.cpu_only_weight + types.gpu_weights.sum()) - types.gpu_weights @ fill
 
 
+def waste(types: PodTypes, free: np.ndarray, count: np.ndarray, usable: np.ndarray,
+          slots: np.ndarray, cpu_left: np.ndarray, memory_left: np.ndarray,
+          access: np.ndarray) -> np.ndarray:
+    """What the fgd policy minimises per column: stranding plus weighted fragmentation.
+
+    Each measure alone misses what the other sees: fragmentation calls a GPU usable for a type
+    when one pod fits, however much room would be left over after it; stranding counts that
+    left-over room, but weighs a type that fits nowhere on a node no more than the room it
+    leaves. Ranking by their sum places more of the workload than either (see BENCHMARKS.md).
+    """
+    return stranding(types, free, slots, cpu_left, memory_left, access) + FRAGMENTATION_WEIGHT \
+        * fragmentation(types, free, count, usable, cpu_left, memory_left, access)
+
+
+def node_waste(types: PodTypes, aggregates: Aggregates, free: np.ndarray, cpu_left: np.ndarray,
+               memory_left: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+    """`waste` of the given nodes as they are now."""
+    return waste(types, free[nodes], aggregates.count[:, nodes], aggregates.usable[:, nodes],
+                 aggregates.slots[:, nodes], cpu_left[nodes], memory_left[nodes],
+                 types.access[:, nodes])
+
+
 def placement_delta(types: PodTypes, aggregates: Aggregates, shape: Shape, nodes: np.ndarray,
                     levels: np.ndarray | None, free: np.ndarray, cpu_left: np.ndarray,
                     memory_left: np.ndarray, before: np.ndarray) -> np.ndarray:
-    """Growth of F on each candidate: node `nodes[c]`, taking the shape's GPUs.
+    """Growth of `waste` on each candidate: node `nodes[c]`, taking the shape's GPUs.
 
     Whole GPUs (milli 1000) come off GPUs that are entirely free, which every type has room on,
-    so each type loses `gpus` GPUs and 1000 milli-GPU apiece. A share of one GPU comes off a GPU
-    with `levels[c]` milli-GPU left; each type's counts change by that one GPU's before and after.
-    `before` holds the current F of every node.
+    so each type loses `gpus` GPUs, 1000 milli-GPU and 1000 // milli slots apiece. A share of one
+    GPU comes off a GPU with `levels[c]` milli-GPU left; each type's figures change by that one
+    GPU's before and after. `before` holds the current `waste` of every node.
     """
+    count = aggregates.count[:, nodes]
+    usable = aggregates.usable[:, nodes]
     slots = aggregates.slots[:, nodes]
     if levels is None:
+        count = count - shape.gpus
+        usable = usable - shape.gpu_milli
         slots = slots - shape.gpus * (MILLI // types.milli)[:, None]
     else:
+        need = types.milli[:, None]
         per_milli = types.per_milli
+        after = levels - shape.milli
+        had, has = levels[None, :] >= need, after[None, :] >= need
+        count = count - had + has
+        usable = usable - np.where(had, levels[None, :], 0) + np.where(has, after[None, :], 0)
         slots = slots - np.floor(levels[None, :] * per_milli + EXACT) \
-            + np.floor((levels - shape.milli)[None, :] * per_milli + EXACT)
-    new = stranding(types, free[nodes] - shape.gpu_milli, slots, cpu_left[nodes] - shape.cpu,
-                    memory_left[nodes] - shape.memory, types.access[:, nodes])
+            + np.floor(after[None, :] * per_milli + EXACT)
+    new = waste(types, free[nodes] - shape.gpu_milli, count, usable, slots,
+                cpu_left[nodes] - shape.cpu, memory_left[nodes] - shape.memory,
+                types.access[:, nodes])
     return new - before[nodes]
