@@ -13,8 +13,10 @@ creation and deletion times, described below.
 
 Pods arrive at creation_time and leave at deletion_time (departures first when both fall on the same
 second). A pod that fits nowhere when it arrives fails; it does not wait, so every policy faces the
-same arrivals. Only GPUs are modelled, as the extender only decides GPUs; CPU-only pods are counted
-and skipped. Trace machines get an assumed 2-socket PCIe wiring (the trace does not record it).
+same arrivals. A pod goes only to a node with the CPU and memory it asks for left, as kube-scheduler
+checks those before the extender sees a pod; CPU-only pods are placed too (by the policy's count
+preference), as they take CPU and memory from GPU machines. Trace machines get an assumed 2-socket
+PCIe wiring (the trace does not record it).
 """
 
 from __future__ import annotations
@@ -55,26 +57,35 @@ class _Cluster:
         topologies: dict[int, Topology] = {}
         self.nodes = [NodeGpus(n.sn, topologies.setdefault(n.gpu, dual_socket_pcie(n.gpu)), n.model)
                       for n in sorted(trace_nodes, key=lambda n: n.sn) if n.gpu > 0]
+        self.cpu_left = {n.sn: n.cpu_milli for n in trace_nodes}
+        self.memory_left = {n.sn: n.memory_mib for n in trace_nodes}
         self.total_milli = sum(node.capacity for node in self.nodes) * MILLI_PER_GPU
         self.used_milli = 0
         self.free_histogram = Counter(node.capacity for node in self.nodes)
 
-    def _change(self, node: NodeGpus, placement: Placement, apply: bool) -> None:
+    def hosts(self, node: NodeGpus, pod: TracePod) -> bool:
+        """Whether the node has the CPU and memory the pod asks for left."""
+        return (self.cpu_left[node.name] >= pod.cpu_milli
+                and self.memory_left[node.name] >= pod.memory_mib)
+
+    def _change(self, node: NodeGpus, placement: Placement, pod: TracePod, apply: bool) -> None:
         before = node.free_count()
+        sign = 1 if apply else -1
         if apply:
             node.apply(placement)
-            self.used_milli += placement.milli_each * len(placement.gpus)
         else:
             node.release(placement)
-            self.used_milli -= placement.milli_each * len(placement.gpus)
+        self.used_milli += sign * placement.milli_each * len(placement.gpus)
+        self.cpu_left[node.name] -= sign * pod.cpu_milli
+        self.memory_left[node.name] -= sign * pod.memory_mib
         self.free_histogram[before] -= 1
         self.free_histogram[node.free_count()] += 1
 
-    def place(self, node: NodeGpus, placement: Placement) -> None:
-        self._change(node, placement, True)
+    def place(self, node: NodeGpus, placement: Placement, pod: TracePod) -> None:
+        self._change(node, placement, pod, True)
 
-    def remove(self, node: NodeGpus, placement: Placement) -> None:
-        self._change(node, placement, False)
+    def remove(self, node: NodeGpus, placement: Placement, pod: TracePod) -> None:
+        self._change(node, placement, pod, False)
 
     def fragmentation(self, next_multi_gpu: int | None) -> float | None:
         """Share of free GPUs sitting on nodes with too few free GPUs for the next multi-GPU job."""
@@ -125,37 +136,43 @@ def simulate(trace_nodes: list[TraceNode], trace_pods: list[TracePod], policy_na
                             if cluster.total_milli else 0.0))
         fragmentation.append((time, cluster.fragmentation(next_multi[pending_from])))
 
-    departures: list[tuple[int, int, NodeGpus, Placement]] = []
-    gpu_pods = placed = whole_requests = whole_placed = 0
+    departures: list[tuple[int, int, NodeGpus, Placement, TracePod]] = []
+    gpu_pods = placed = whole_requests = whole_placed = cpu_only_placed = 0
     bottlenecks: list[int] = []
     for position, index in enumerate(order):
         pod = trace_pods[index]
         while departures and departures[0][0] <= pod.creation_time:
-            left_at, _, node, placement = heapq.heappop(departures)
-            cluster.remove(node, placement)
+            left_at, _, node, placement, gone = heapq.heappop(departures)
+            cluster.remove(node, placement, gone)
             sample(left_at, position)
         request = requests[position]
-        if not request.wants_gpu:
-            continue
-        gpu_pods += 1
-        if request.models not in largest_for:
-            largest_for[request.models] = _largest_machine(cluster.nodes, request)
-        is_whole_node = request.gpus >= 2 and request.gpus == largest_for[request.models]
-        whole_requests += is_whole_node
-        choice = policy.choose(request, feasible_nodes(request, cluster.nodes)[0])
+        hosts = [node for node in cluster.nodes if cluster.hosts(node, pod)]
+        if request.wants_gpu:
+            gpu_pods += 1
+            if request.models not in largest_for:
+                largest_for[request.models] = _largest_machine(cluster.nodes, request)
+            is_whole_node = request.gpus >= 2 and request.gpus == largest_for[request.models]
+            whole_requests += is_whole_node
+            choice = policy.choose(request, feasible_nodes(request, hosts)[0])
+        else:
+            choice = (min(hosts, key=lambda node: (policy.preference(node, request), node.name)),
+                      Placement((), 0)) if hosts else None
         if choice is not None:
             node, placement = choice
-            cluster.place(node, placement)
-            placed += 1
-            whole_placed += is_whole_node
+            cluster.place(node, placement, pod)
+            if request.wants_gpu:
+                placed += 1
+                whole_placed += is_whole_node
+            else:
+                cpu_only_placed += 1
             if placement.bottleneck is not None:
                 bottlenecks.append(placement.bottleneck)
             if pod.deletion_time is not None:
-                heapq.heappush(departures, (pod.deletion_time, position, node, placement))
+                heapq.heappush(departures, (pod.deletion_time, position, node, placement, pod))
         sample(pod.creation_time, position + 1)
     while departures:
-        left_at, _, node, placement = heapq.heappop(departures)
-        cluster.remove(node, placement)
+        left_at, _, node, placement, gone = heapq.heappop(departures)
+        cluster.remove(node, placement, gone)
         sample(left_at, len(order))
 
     mean_bottleneck = sum(bottlenecks) / len(bottlenecks) if bottlenecks else None
@@ -171,6 +188,8 @@ def simulate(trace_nodes: list[TraceNode], trace_pods: list[TracePod], policy_na
         "gpu_pods": gpu_pods,
         "placed": placed,
         "failed": gpu_pods - placed,
+        "cpu_only_pods": len(trace_pods) - gpu_pods,
+        "cpu_only_placed": cpu_only_placed,
         "whole_node_requests": whole_requests,
         "whole_node_placed": whole_placed,
         "whole_node_success_rate": whole_placed / whole_requests if whole_requests else None,
