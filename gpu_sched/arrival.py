@@ -64,6 +64,16 @@ class Cluster:
         self.capacity_milli = int(self.free.sum())
         self.used_milli = 0
         self._access: dict[frozenset[str], np.ndarray] = {}
+        self._state_ids: dict[tuple[Any, ...], int] = {}
+        self.state = np.array([self._state_of(node) for node in range(len(nodes))],
+                              dtype=np.int64)
+        """Equal numbers for nodes in equal states (model, CPU and memory left, GPU rooms in any
+        order), so a policy can score one node of each state."""
+
+    def _state_of(self, node: int) -> int:
+        key = (self.models[node], int(self.cpu_left[node]), int(self.memory_left[node]),
+               tuple(sorted(self.gpu_left[node].tolist())))
+        return self._state_ids.setdefault(key, len(self._state_ids))
 
     def access(self, models: frozenset[str]) -> np.ndarray:
         if models not in self._access:
@@ -89,6 +99,7 @@ class Cluster:
         self.cpu_left[node] -= shape.cpu
         self.memory_left[node] -= shape.memory
         self.used_milli += shape.milli * len(gpus)
+        self.state[node] = self._state_of(node)
 
     def first_whole(self, node: int, count: int) -> list[int]:
         return [int(gpu) for gpu in np.flatnonzero(self.gpu_left[node] == MILLI)[:count]]
@@ -199,6 +210,10 @@ class FgdArrival(ArrivalPolicy):
         nodes = np.flatnonzero(feasible)
         if not len(nodes):
             return None
+        # One candidate per node state (the lowest-numbered node in it), and for a share one
+        # per distinct room on that node's GPUs: equal candidates score equally.
+        _, first = np.unique(cluster.state[nodes], return_index=True)
+        nodes = nodes[np.sort(first)]
         levels = None
         if shape.gpus and shape.milli < MILLI:
             rows = np.sort(cluster.gpu_left[nodes], axis=1)
@@ -209,8 +224,8 @@ class FgdArrival(ArrivalPolicy):
             nodes, levels = nodes[row_index], rows[row_index, column]
         delta = placement_delta(self.types, self.aggregates, shape, nodes, levels, cluster.free,
                                 cluster.cpu_left, cluster.memory_left, self.current)
-        whole_after = cluster.whole_free()[nodes] - (shape.gpus if levels is None
-                                                     else (levels == MILLI))
+        whole_after = (cluster.gpu_left[nodes] == MILLI).sum(axis=1) - (
+            shape.gpus if levels is None else (levels == MILLI))
         untouched = cluster.free[nodes] == cluster.gpu_count[nodes] * MILLI
         best = int(np.lexsort((nodes, untouched, whole_after, np.round(delta, 6)))[0])
         node = int(nodes[best])
@@ -302,7 +317,7 @@ def run_arrival(nodes: list[TraceNode], pods: list[TracePod], policy: str, deman
     measured = PodTypes(shapes, cluster.models, memory=False)
     arrived = np.zeros(len(order), dtype=np.int64)
     used = np.zeros(len(order), dtype=np.int64)
-    fragmented: dict[int, float] = {}
+    fragmented_at_100: float | None = None
     demand_so_far = failed = failed_gpu = gpu_pods = 0
     capacity = cluster.capacity_milli
     for position, index in enumerate(order):
@@ -319,9 +334,8 @@ def run_arrival(nodes: list[TraceNode], pods: list[TracePod], policy: str, deman
             chooser.placed(node)
         arrived[position] = demand_so_far
         used[position] = cluster.used_milli
-        percent = demand_so_far * 100 // capacity
-        if percent not in fragmented:
-            fragmented[percent] = cluster.fragmentation(measured) / capacity
+        if fragmented_at_100 is None and demand_so_far >= capacity:
+            fragmented_at_100 = cluster.fragmentation(measured) / MILLI
     last = int(round(demand * 100))
     allocation = _by_percent(arrived, used / capacity, capacity, last)
     return {
@@ -340,6 +354,6 @@ def run_arrival(nodes: list[TraceNode], pods: list[TracePod], policy: str, deman
         "allocation_at_demand": (allocation[last] if allocation[last] is not None
                                  else cluster.used_milli / capacity),
         "unallocated_gpus": (capacity - cluster.used_milli) / MILLI,
+        "fragmented_gpus_at_100": fragmented_at_100,
         "fragmented_gpus": cluster.fragmentation(measured) / MILLI,
-        "fragmentation_by_arrival_percent": [fragmented.get(p) for p in range(last + 1)],
     }
