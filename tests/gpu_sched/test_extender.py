@@ -83,6 +83,31 @@ def test_prioritize_packs_next_to_running_jobs(cluster: Any, pod_json: Callable[
     assert {e["Host"]: e["Score"] for e in spread}["gpu-a"] == 10
 
 
+def test_fgd_prioritize_keeps_room_for_the_shares_it_has_seen(
+        fake_api: Any, pod_json: Callable[..., dict], node_json: Callable[..., dict],
+        start_extender: Callable[..., Any]) -> None:
+    """After 500-shares, a 400-share: best fit takes the GPU with 600 left (leaving 200, too
+    little for a 500-share); fgd takes the one with 900 left, and both GPUs still fit one."""
+    fake_api.add_node(node_json("six", gpus=1))
+    fake_api.add_node(node_json("nine", gpus=1))
+    fake_api.add_pod(pod_json("on-six", milli=400, node="six", assigned="0"))
+    fake_api.add_pod(pod_json("on-nine", milli=100, node="nine", assigned="0"))
+    names = ["six", "nine"]
+    fgd, binpack = start_extender(policy="fgd"), start_extender()
+    for index in range(5):
+        fgd.post("/prioritize", {"Pod": pod_json(f"half-{index}", milli=500), "NodeNames": names})
+    pod = fake_api.add_pod(pod_json("small", milli=400))
+
+    def best(client: Any) -> str:
+        scores = client.post("/prioritize", {"Pod": pod, "NodeNames": names})[1]
+        assert all(0 <= entry["Score"] <= 10 for entry in scores)
+        return max(scores, key=lambda entry: entry["Score"])["Host"]
+
+    assert (best(fgd), best(binpack)) == ("nine", "six")
+    assert fgd.post("/bind", bind_args(pod, "nine"))[1] == {"Error": ""}
+    assert fake_api.pod("default", "small")["metadata"]["annotations"]["gpu-sched/gpus"] == "0"
+
+
 def test_ava_packing_keeps_the_eight_gpu_node_free(
         fake_api: Any, pod_json: Callable[..., dict], node_json: Callable[..., dict],
         start_extender: Callable[..., Any]) -> None:

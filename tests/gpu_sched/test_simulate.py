@@ -181,7 +181,7 @@ def test_cli_json_and_comparison_table(synthetic: tuple[Path, Path],
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert lines[0].split()[:2] == ["policy", "gpu"]
-    assert [line.split()[0] for line in lines[1:]] == ["binpack", "spread", "random"]
+    assert [line.split()[0] for line in lines[1:]] == ["binpack", "spread", "random", "fgd"]
 
 
 def test_plot_is_written_when_matplotlib_is_installed(synthetic: tuple[Path, Path],
