@@ -28,9 +28,9 @@ import numpy as np
 
 MILLI = 1000
 EXACT = 1e-6
-FRAGMENTATION_WEIGHT = 3.0
-"""Weight of `fragmentation` against `stranding` in `waste`, chosen on the trace's default
-workload (BENCHMARKS.md)."""
+FRAGMENTATION_WEIGHT = 10.0
+"""Weight of `fragmentation` against `stranding` in `waste`, chosen on a few seeds of the trace's
+default, GPU-sharing and multi-GPU workloads (BENCHMARKS.md)."""
 """Added before flooring a quotient computed as a product with a reciprocal, so exact multiples
 (8000 milli-CPU left, 4000 per pod) are not floored one short by rounding."""
 
