@@ -3,13 +3,15 @@
     python bench/gpu_arrival.py --trace DIR [--seeds 10] [--jobs 2] [--workloads default,...]
         [--policies fgd,binpack,spread,random] [--paper-csv analysis_allo_discrete.csv]
         [--out results.jsonl]
+    python bench/gpu_arrival.py --table results.jsonl [more.jsonl ...] [--paper-csv ...]
 
 DIR holds the trace's CSV files (`openb_node_list_gpu_node.csv`, `openb_pod_list_*.csv`); the
 trace is not part of this repository. Every workload runs once per policy and seed (seeds 42,
 43, ...) at 130% demand, in `--jobs` processes. Prints a Markdown table: per workload, the mean
 share of GPUs allocated at 100% and 130% arrival for each policy, and with `--paper-csv` (the
 `experiments/analysis/expected_results/analysis_allo_discrete.csv` of the paper's simulator) the
-published means at 130% beside them, with fgd's margin over the published FGD.
+published means at 130% beside them, with fgd's margin over the published FGD. `--table`
+prints the table from saved runs instead (a run listed twice counts once).
 """
 
 from __future__ import annotations
@@ -75,7 +77,9 @@ def table(results: list[dict[str, Any]], policies: list[str], workloads: list[st
             mean[(workload, policy)] = (100 * statistics.mean(r["allocation_at_100"] for r in runs),
                                         100 * statistics.mean(r["allocation_at_demand"]
                                                               for r in runs))
-    header = ["workload"] + [f"{p} 100% / 130%" for p in policies]
+    seeds = {p: min(sum(r["policy"] == p and r["workload"] == w for r in results)
+                    for w in workloads) for p in policies}
+    header = ["workload"] + [f"{p} 100% / 130% ({seeds[p]} seeds)" for p in policies]
     if paper:
         header += [f"paper {p.split('-')[1]} 130%" for p in PAPER_POLICIES]
         header += ["fgd - paper FGD (130%)"]
@@ -96,7 +100,9 @@ def table(results: list[dict[str, Any]], policies: list[str], workloads: list[st
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trace", required=True, help="directory of the trace's CSV files")
+    parser.add_argument("--trace", help="directory of the trace's CSV files")
+    parser.add_argument("--table", type=Path, nargs="+", help="only print the table of these "
+                        "saved runs (--out files)")
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
@@ -107,6 +113,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     workloads = args.workloads.split(",")
     policies = args.policies.split(",")
+    paper = paper_means(args.paper_csv) if args.paper_csv else None
+    if args.table:
+        runs = {}
+        for path in args.table:
+            for line in path.read_text().splitlines():
+                run = json.loads(line)
+                runs[(run["workload"], run["policy"], run["seed"])] = run
+        print(table(list(runs.values()), policies, workloads, paper))
+        return 0
+    if not args.trace:
+        parser.error("give --trace DIR to run, or --table FILE to print saved runs")
     missing = [w for w in workloads
                if not (Path(args.trace) / f"openb_pod_list_{w}.csv").is_file()]
     if missing or not (Path(args.trace) / "openb_node_list_gpu_node.csv").is_file():
@@ -129,8 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     by_policy = {p: sum(r["cpu_seconds"] for r in results if r["policy"] == p) for p in policies}
     print(f"{len(jobs)} runs in {elapsed:.0f} s wall, {cpu:.0f} s CPU "
           f"({', '.join(f'{p} {s:.0f} s' for p, s in by_policy.items())})\n")
-    print(table(results, policies, workloads, paper_means(args.paper_csv) if args.paper_csv
-                else None))
+    print(table(results, policies, workloads, paper))
     return 0
 
 

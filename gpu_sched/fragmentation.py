@@ -9,13 +9,15 @@ type occurs in the workload:
 
     F(node) = sum_t p_t * (free(node) - fits_t(node) * usable_t(node))
 
-where usable_t is the free capacity on GPUs with at least the type's milli-GPU share left. Placing
-a pod where F grows least ("fragmentation gradient descent") keeps capacity in shapes that the
-pods still to come can use.
+where usable_t is the free capacity on GPUs with at least the type's milli-GPU share left. This is
+the measure of Weng et al. (USENIX ATC 2023), who published the trace; `stranding` is a stricter
+one, and the fgd policy places each pod where their weighted sum (`waste`) grows least
+("fragmentation gradient descent"), keeping capacity in shapes the pods still to come can use.
 
-Everything is vectorised over nodes with numpy: per type, the count of GPUs with room for it and
-the capacity on them are kept per node (`Aggregates`) and refreshed only for the node a placement
-changes, so scoring one pod against every node costs a few array operations.
+Everything is vectorised over nodes with numpy: per type, the count of GPUs with room for it,
+the capacity on them and the pods of the type they could take are kept per node (`Aggregates`)
+and refreshed only for the node a placement changes, so scoring one pod against every node costs
+a few array operations.
 """
 
 from __future__ import annotations
@@ -28,11 +30,11 @@ import numpy as np
 
 MILLI = 1000
 EXACT = 1e-6
+"""Added before flooring a quotient computed as a product with a reciprocal, so exact multiples
+(8000 milli-CPU left, 4000 per pod) are not floored one short by rounding."""
 FRAGMENTATION_WEIGHT = 10.0
 """Weight of `fragmentation` against `stranding` in `waste`, chosen on a few seeds of the trace's
 default, GPU-sharing and multi-GPU workloads (BENCHMARKS.md)."""
-"""Added before flooring a quotient computed as a product with a reciprocal, so exact multiples
-(8000 milli-CPU left, 4000 per pod) are not floored one short by rounding."""
 
 
 @dataclass(frozen=True)
