@@ -1,14 +1,15 @@
 """gpu_sched's policies in the arrival experiment on the Alibaba 2023 GPU trace, next to the paper.
 
     python bench/gpu_arrival.py --trace DIR [--seeds 10] [--jobs 2] [--workloads default,...]
-        [--policies fgd,binpack,spread,random] [--paper-csv analysis_allo_discrete.csv]
+        [--first-seed 42] [--policies fgd,binpack,spread,random] [--paper-csv FILE]
         [--out results.jsonl]
     python bench/gpu_arrival.py --table results.jsonl [more.jsonl ...] [--paper-csv ...]
 
 DIR holds the trace's CSV files (`openb_node_list_gpu_node.csv`, `openb_pod_list_*.csv`); the
 trace is not part of this repository. Every workload runs once per policy and seed (seeds 42,
-43, ...) at 130% demand, in `--jobs` processes. Prints a Markdown table: per workload, the mean
-share of GPUs allocated at 100% and 130% arrival for each policy, and with `--paper-csv` (the
+43, ..., or from `--first-seed`) at 130% demand, in `--jobs` processes. Prints a Markdown
+table: per workload, the mean share of GPUs allocated at 100% and 130% arrival for each policy,
+and with `--paper-csv` (the
 `experiments/analysis/expected_results/analysis_allo_discrete.csv` of the paper's simulator) the
 published means at 130% beside them, with fgd's margin over the published FGD. `--table`
 prints the table from saved runs instead (a run listed twice counts once).
@@ -104,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table", type=Path, nargs="+", help="only print the table of these "
                         "saved runs (--out files)")
     parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--first-seed", type=int, default=FIRST_SEED)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--policies", default=",".join(ARRIVAL_POLICIES))
@@ -131,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     # Seed by seed, so an interrupted run still covers every workload and policy.
-    jobs = [(args.trace, w, p, FIRST_SEED + s) for s in range(args.seeds) for w in workloads
-            for p in policies]
+    jobs = [(args.trace, w, p, args.first_seed + s) for s in range(args.seeds)
+            for w in workloads for p in policies]
     started = time.monotonic()
     results = []
     with ProcessPoolExecutor(args.jobs) as pool:
