@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import re
 import sys
 from pathlib import Path
 from typing import NoReturn
+
+from gpu_sched.kube import KubeClient, KubeError, api_client
 
 from . import DEFAULT_DRIVER_NAME
 from .server import DriverConfig, serve
@@ -74,6 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="accept file:// volume sources (directories of the plugin's "
                              "container); off by default, as a volume could then expose the "
                              "node's kubelet and state directories")
+    parser.add_argument("--publish-cache-interval", type=_seconds, default=0.0,
+                        help="every this many seconds at most, publish the bytes cached per "
+                             "volume source as the node annotation avafs.io/cached-bytes, for "
+                             "the GPU scheduler's data locality; needs patch on nodes; 0 (the "
+                             "default) publishes nothing")
+    parser.add_argument("--kube-api", help="API server URL for --publish-cache-interval; "
+                        "default: in-cluster credentials")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
                         default="info")
     return parser
@@ -85,12 +95,21 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().error("--node-id must not be empty")
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    annotate_node = None
+    if args.publish_cache_interval > 0:
+        try:
+            kube = KubeClient(api_client(args.kube_api))
+        except KubeError as error:
+            build_parser().error(f"--publish-cache-interval: {error}")
+        annotate_node = functools.partial(kube.annotate_node, args.node_id)
     serve(DriverConfig(socket_path=args.endpoint, node_id=args.node_id,
                        driver_name=args.driver_name, state_dir=args.state_dir,
                        cache_root=args.cache_root or args.state_dir / "cache",
                        max_volumes_per_node=args.max_volumes_per_node,
                        repair_interval=args.repair_interval,
-                       allow_file_sources=args.allow_file_sources))
+                       allow_file_sources=args.allow_file_sources,
+                       annotate_node=annotate_node,
+                       publish_cache_interval=args.publish_cache_interval))
     return 0
 
 

@@ -11,12 +11,17 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
+from gpu_sched.kube import KubeError
+from gpu_sched.locality import CachePublisher
+
+from .cache_summary import cached_bytes_by_source
 from .identity import IdentityService
 from .node import NodeService
 from .proto import csi_pb2_grpc
@@ -39,6 +44,9 @@ class DriverConfig:
     max_volumes_per_node: int
     repair_interval: float
     allow_file_sources: bool
+    annotate_node: Callable[[dict[str, str]], None] | None = None
+    """Patches this node's annotations; set with --publish-cache-interval."""
+    publish_cache_interval: float = 0.0
 
 
 def _repair_loop(volumes: VolumeManager, ready: threading.Event, stop: threading.Event,
@@ -88,5 +96,10 @@ def serve(config: DriverConfig) -> None:
     repairer = threading.Thread(target=_repair_loop, name="repair", daemon=True,
                                 args=(volumes, ready, stop, config.repair_interval))
     repairer.start()
+    if config.annotate_node is not None and config.publish_cache_interval > 0:
+        publisher = CachePublisher(lambda: cached_bytes_by_source(StateDir(config.state_dir)),
+                                   config.annotate_node, config.publish_cache_interval)
+        threading.Thread(target=publisher.run, name="cache-summary", daemon=True,
+                         args=(stop, (KubeError, OSError))).start()
     server.wait_for_termination()
     stop.set()

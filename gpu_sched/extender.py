@@ -40,6 +40,7 @@ from gpu_sched.k8s_objects import (
     pod_request,
 )
 from gpu_sched.kube import KubeClient, KubeError, api_client
+from gpu_sched.locality import combine, csi_sources, pod_sources
 from gpu_sched.placement import Rejection, feasible_nodes, rejection
 from gpu_sched.policies import POLICY_NAMES, Policy, make_policy
 from gpu_sched.quota import QuotaBook, QuotaError, load_quota
@@ -48,6 +49,9 @@ from gpu_sched.state import Assignment, Ledger, assignment_from_pod
 log = logging.getLogger("gpu_sched.extender")
 
 MAX_BODY_BYTES = 128 * 1024 * 1024
+MAX_NESTING = 64
+"""Deepest JSON nesting accepted; Kubernetes objects stay far shallower, and a limit well below
+Python's recursion limit keeps every later step (matching, echoing nodes back) from recursing out."""
 UNKNOWN_NODE = "unknown node: the API server lists no node of this name"
 
 
@@ -67,6 +71,29 @@ def _object(value: Any, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise BadRequest(f"{what} must be a JSON object")
     return value
+
+
+def _nesting_depth(value: Any) -> int:
+    """Depth of nested arrays and objects, walked without recursion."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) \
+            else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if depth > MAX_NESTING:
+            break
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _spec(obj: Any) -> dict[str, Any]:
+    """An API object's spec, or an empty one when the object or its spec is not a mapping."""
+    spec = obj.get("spec") if isinstance(obj, dict) else None
+    return spec if isinstance(spec, dict) else {}
 
 
 def _string(obj: dict[str, Any], name: str, required: bool = True) -> str:
@@ -151,10 +178,11 @@ class Extender:
     """The scheduling decisions behind the three verbs; HTTP-free so each is one method call."""
 
     def __init__(self, kube: KubeClient, policy: Policy, quota: QuotaBook | None = None,
-                 node_cache_seconds: float = 10.0) -> None:
+                 node_cache_seconds: float = 10.0, locality_weight: float = 0.3) -> None:
         self.kube = kube
         self.policy = policy
         self.quota = quota
+        self.locality_weight = locality_weight
         self.ledger = Ledger()
         self.nodes = NodeDirectory(kube, node_cache_seconds)
 
@@ -275,7 +303,31 @@ class Extender:
         scores: dict[str, int] = {}
         if request is not None and request.wants_gpu and evaluation.fits:
             scores = self.policy.scores(request, evaluation.fits)
+            if self.locality_weight:
+                scores = self._with_locality(_object(_field(args, "Pod"), "ExtenderArgs.Pod"),
+                                             evaluation.fits, scores)
         return [{"Host": name, "Score": scores.get(name, 0)} for name in evaluation.names]
+
+    def _with_locality(self, pod: dict[str, Any], fits: list[NodeGpus],
+                       scores: dict[str, int]) -> dict[str, int]:
+        """GPU scores mixed with how much of the pod's avafs data each fitting node caches."""
+        try:
+            sources = pod_sources(pod, self._claim_sources)
+        except KubeError as exc:
+            log.warning("prioritize: %s; scoring without data locality", exc)
+            return scores
+        if not sources:
+            return scores
+        infos = self.nodes.lookup(node.name for node in fits)
+        held = {name: sum(info.cached.get(source, 0) for source in sources)
+                for name, info in infos.items()}
+        return combine(scores, held, self.locality_weight)
+
+    def _claim_sources(self, namespace: str, claim: str) -> list[str]:
+        volume = _spec(self.kube.get_pvc(namespace, claim)).get("volumeName")
+        if not isinstance(volume, str) or not volume:
+            return []
+        return csi_sources(_spec(self.kube.get_pv(volume)).get("csi"))
 
     def bind(self, args: dict[str, Any]) -> dict[str, str]:
         name = _string(args, "PodName")
@@ -290,10 +342,22 @@ class Extender:
         return {"Error": ""}
 
     def _bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        """Bind one pod; a pod the API server already shows bound is never re-placed.
+
+        A retried bind (kube-scheduler's request timed out after the first one went through) must
+        leave the running pod's ledger entry and annotation alone: re-placing it would record
+        GPUs for it afresh, and the API server's refusal would then release the GPUs it holds.
+        """
         pod = self.kube.get_pod(namespace, name)
         actual_uid = str((pod.get("metadata") or {}).get("uid") or "")
         if uid and actual_uid and uid != actual_uid:
             raise ObjectError(f"pod {namespace}/{name} is now UID {actual_uid}, not {uid}")
+        bound_to = (pod.get("spec") or {}).get("nodeName")
+        if bound_to == node:
+            log.info("bind %s/%s to %s: already bound there", namespace, name, node)
+            return
+        if bound_to:
+            raise ObjectError(f"pod {namespace}/{name} is already bound to node {bound_to}")
         request = pod_request(pod)
         if not request.wants_gpu:
             self.kube.bind_pod(namespace, name, uid, node)
@@ -303,6 +367,9 @@ class Extender:
             raise ObjectError(f"node {node}: {UNKNOWN_NODE}")
         key = pod_key(pod)
         with self.ledger.lock:
+            in_flight = self.ledger.get(key)
+            if in_flight is not None and in_flight.settled_at is None:
+                raise ObjectError(f"pod {key} is being bound to node {in_flight.node} already")
             refusal = self._quota_refusal(pod, request)
             if refusal:
                 raise ObjectError(refusal)
@@ -362,12 +429,19 @@ class _Handler(BaseHTTPRequestHandler):
             raise BadRequest(f"body of {length} bytes is over the {MAX_BODY_BYTES}-byte limit")
         raw = self.rfile.read(length)
         try:
-            return json.loads(raw.decode("utf-8"))
+            body = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as exc:
             raise BadRequest("body is not UTF-8") from exc
         except json.JSONDecodeError as exc:
             raise BadRequest(f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
                              ) from exc
+        except RecursionError as exc:
+            raise BadRequest(f"JSON nested deeper than {MAX_NESTING} levels") from exc
+        except ValueError as exc:
+            raise BadRequest(f"unreadable JSON value: {str(exc).splitlines()[0]}") from exc
+        if _nesting_depth(body) > MAX_NESTING:
+            raise BadRequest(f"JSON nested deeper than {MAX_NESTING} levels")
+        return body
 
     def do_GET(self) -> None:
         if self.path == "/healthz":
@@ -412,6 +486,13 @@ def _positive(text: str) -> float:
     return value
 
 
+def _share(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
+
+
 def _port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
@@ -430,6 +511,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kube-api", help="API server URL; default: in-cluster, then kubeconfig")
     parser.add_argument("--node-cache-seconds", type=_positive, default=10.0)
     parser.add_argument("--resync-seconds", type=_positive, default=30.0)
+    parser.add_argument("--locality-weight", type=_share, default=0.3,
+                        help="0-1: weight of avafs data locality against the GPU score in "
+                             "/prioritize (default 0.3; 0 turns it off)")
     parser.add_argument("--log-level", default="INFO",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = parser.parse_args(argv)
@@ -438,7 +522,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         quota = load_quota(args.quota) if args.quota else None
         extender = Extender(KubeClient(api_client(args.kube_api)),
-                            make_policy(args.policy, args.seed), quota, args.node_cache_seconds)
+                            make_policy(args.policy, args.seed), quota, args.node_cache_seconds,
+                            args.locality_weight)
         held = extender.resync()
         server = ExtenderHTTPServer((args.host, args.port), extender)
     except (QuotaError, KubeError, OSError) as exc:

@@ -16,10 +16,11 @@ Names, all documented in gpu_sched/README.md:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_sched.allocation import GpuRequest, RequestError
+from gpu_sched.locality import cached_bytes
 from gpu_sched.topology import Topology, TopologyError, single_socket_pcie
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -136,6 +137,8 @@ class NodeInfo:
     name: str
     model: str
     topology: Topology
+    cached: dict[str, int] = field(default_factory=dict)
+    """Bytes the node's avafs caches hold per volume source (see locality.py)."""
 
 
 def node_name(node: Any) -> str:
@@ -156,7 +159,8 @@ def node_info(node: dict[str, Any]) -> NodeInfo:
     labels = _mapping(meta.get("labels"), "node labels")
     model = next((str(labels[key]) for key in MODEL_LABELS if labels.get(key)), "")
     annotations = _mapping(meta.get("annotations"), "node annotations")
-    return NodeInfo(name, model, _node_topology(name, capacity, annotations.get(TOPOLOGY_ANNOTATION)))
+    return NodeInfo(name, model, _node_topology(name, capacity, annotations.get(TOPOLOGY_ANNOTATION)),
+                    cached_bytes(annotations))
 
 
 def _node_topology(name: str, capacity: int, annotation: Any) -> Topology:

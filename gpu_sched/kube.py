@@ -82,6 +82,14 @@ class KubeClient:
         self._call(f"binding pod {namespace}/{name} to {node}",
                    self._core.create_namespaced_pod_binding, name, namespace, body)
 
+    def get_pvc(self, namespace: str, name: str) -> dict[str, Any]:
+        return self._call(f"reading persistentvolumeclaim {namespace}/{name}",
+                          self._core.read_namespaced_persistent_volume_claim, name, namespace)
+
+    def get_pv(self, name: str) -> dict[str, Any]:
+        return self._call(f"reading persistentvolume {name}", self._core.read_persistent_volume,
+                          name)
+
     def list_nodes(self) -> list[dict[str, Any]]:
         return self._call("listing nodes", self._core.list_node).get("items") or []
 

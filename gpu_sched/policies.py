@@ -1,4 +1,5 @@
-"""Node choice: binpack (the default), spread (Kubernetes' own behaviour, for comparison) and random.
+"""Node choice: binpack (the default), spread (Kubernetes' own behaviour, for comparison), random,
+and fgd (fragmentation gradient descent, see fragmentation.py).
 
 A policy ranks the nodes that can take a request with a cheap preference from GPU counts alone, and
 only for the nodes tied at the best preference does it work out the concrete GPUs, breaking the tie
@@ -15,11 +16,17 @@ from __future__ import annotations
 import random
 import threading
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Sequence
 
+import numpy as np
+
 from gpu_sched.allocation import MILLI_PER_GPU, GpuRequest, NodeGpus, Placement
+from gpu_sched.fragmentation import Aggregates, PodTypes, Shape, node_waste, placement_delta
 
 MAX_SCORE = 10
+UNTRACKED = 2**40
+"""CPU and memory left assumed on every node where the extender does not track them."""
 
 
 def _used_share_after(node: NodeGpus, request: GpuRequest) -> float:
@@ -123,12 +130,90 @@ class RandomPolicy(Policy):
             return self._rng.random()
 
 
-POLICY_NAMES = ("binpack", "spread", "random")
+class FgdPolicy(BinpackPolicy):
+    """Fragmentation gradient descent over the GPUs the extender sees (fragmentation.waste).
+
+    The workload's pod types are the requests this policy has been asked about, counted as they
+    come (halved when they pass `HISTORY`, so the mix follows the workload). The node is the one
+    where the expected waste of that mix grows least; binpack's order breaks ties, and inside
+    the node the GPUs are picked as for every policy (best links, best-fit share). kube-scheduler
+    has checked CPU and memory before the extender sees a pod and the extender does not track
+    them, so here the mix is measured on GPUs and GPU models alone.
+    """
+
+    name = "fgd"
+    HISTORY = 10_000
+
+    def __init__(self) -> None:
+        self._seen: Counter[Shape] = Counter()
+        self._lock = threading.Lock()
+
+    def _mix(self, shape: Shape) -> Counter[Shape]:
+        with self._lock:
+            self._seen[shape] += 1
+            if sum(self._seen.values()) > self.HISTORY:
+                self._seen = Counter({s: n // 2 for s, n in self._seen.items() if n > 1})
+            return Counter(self._seen)
+
+    def deltas(self, request: GpuRequest, nodes: Sequence[NodeGpus]) -> np.ndarray:
+        """Growth of the expected waste on each node if it took the request (lowest on its GPUs)."""
+        shape = Shape(0, 0, request.gpus or 1, request.milli or MILLI_PER_GPU, request.models)
+        types = PodTypes(self._mix(shape).elements(), [node.model for node in nodes])
+        width = max(node.capacity for node in nodes)
+        gpu_left = np.zeros((len(nodes), width), dtype=np.int64)
+        for row, node in enumerate(nodes):
+            gpu_left[row, :node.capacity] = [MILLI_PER_GPU - used for used in node.used]
+        free = gpu_left.sum(axis=1)
+        unlimited = np.full(len(nodes), UNTRACKED)
+        aggregates = Aggregates(types, gpu_left)
+        rows = np.arange(len(nodes))
+        before = node_waste(types, aggregates, free, unlimited, unlimited, rows)
+        if not request.is_shared:
+            return placement_delta(types, aggregates, shape, rows, None, free, unlimited,
+                                   unlimited, before)
+        candidates, columns = np.nonzero(gpu_left >= request.milli)
+        delta = placement_delta(types, aggregates, shape, candidates,
+                                gpu_left[candidates, columns], free, unlimited, unlimited, before)
+        best = np.full(len(nodes), np.inf)
+        np.minimum.at(best, candidates, delta)
+        return best
+
+    def choose(self, request: GpuRequest, nodes: Sequence[NodeGpus]
+               ) -> tuple[NodeGpus, Placement] | None:
+        if not nodes or not request.wants_gpu:
+            return super().choose(request, nodes)
+        deltas = np.round(self.deltas(request, nodes), 6)
+        order = sorted(range(len(nodes)), key=lambda i: (deltas[i], self.preference(nodes[i], request),
+                                                         nodes[i].name))
+        for index in order:
+            placement = nodes[index].choose(request)
+            if placement is not None:
+                return nodes[index], placement
+        return None
+
+    def scores(self, request: GpuRequest, nodes: Sequence[NodeGpus]) -> dict[str, int]:
+        """The chosen node 10; the others 0-9, the least waste growth highest."""
+        if not nodes or not request.wants_gpu:
+            return super().scores(request, nodes)
+        deltas = self.deltas(request, nodes)
+        low, high = float(deltas.min()), float(deltas.max())
+        span = high - low or 1.0
+        scores = {node.name: round((MAX_SCORE - 1) * (high - delta) / span)
+                  for node, delta in zip(nodes, deltas, strict=True)}
+        choice = self.choose(request, nodes)
+        if choice is not None:
+            scores[choice[0].name] = MAX_SCORE
+        return scores
+
+
+POLICY_NAMES = ("binpack", "spread", "random", "fgd")
 
 
 def make_policy(name: str, seed: int | None = None) -> Policy:
     if name == "binpack":
         return BinpackPolicy()
+    if name == "fgd":
+        return FgdPolicy()
     if name == "spread":
         return SpreadPolicy()
     if name == "random":

@@ -3,6 +3,7 @@
 nodes: sn,cpu_milli,memory_mib,gpu,model
 pods:  name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,
        deletion_time,scheduled_time
+       or only the first five (the trace's multigpu workloads): no model constraint, no times.
 
 A pod with num_gpu 1 and gpu_milli 1-999 shares one GPU; any other pod with num_gpu > 0 takes num_gpu
 whole GPUs. gpu_spec lists accepted models ("V100M16|V100M32"; empty or "nan" for any). Times are
@@ -26,6 +27,7 @@ from gpu_sched.allocation import MILLI_PER_GPU, GpuRequest
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec", "qos",
                "pod_phase", "creation_time", "deletion_time", "scheduled_time")
+REQUIRED_POD_COLUMNS = POD_COLUMNS[:5]
 
 
 class TraceError(ValueError):
@@ -51,7 +53,7 @@ class TracePod:
     gpu_spec: str
     qos: str
     pod_phase: str
-    creation_time: int
+    creation_time: int | None
     deletion_time: int | None
     scheduled_time: int | None
 
@@ -63,6 +65,7 @@ class TracePod:
 
 
 def _rows(path: Path, columns: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
+    """Rows as dicts with their line numbers; `columns` must all be present."""
     try:
         handle = path.open(newline="")
     except OSError as exc:
@@ -112,9 +115,10 @@ def read_nodes(path: str | Path) -> list[TraceNode]:
 
 
 def read_pods(path: str | Path) -> list[TracePod]:
+    """Pods from either layout; absent columns read as empty (any model, no times)."""
     path = Path(path)
     pods = []
-    for line, row in _rows(path, POD_COLUMNS):
+    for line, row in _rows(path, REQUIRED_POD_COLUMNS):
         def number(column: str, line: int = line, row: dict[str, str] = row) -> int:
             return _integer(path, line, row, column) or 0
 
@@ -129,10 +133,11 @@ def read_pods(path: str | Path) -> list[TracePod]:
         if not name:
             raise TraceError(f"{path} line {line}: name is empty")
         pod = TracePod(name, number("cpu_milli"), number("memory_mib"),
-                       number("num_gpu"), gpu_milli, (row["gpu_spec"] or "").strip(),
-                       (row["qos"] or "").strip(), (row["pod_phase"] or "").strip(),
-                       number("creation_time"), maybe("deletion_time"), maybe("scheduled_time"))
-        if pod.deletion_time is not None and pod.deletion_time < pod.creation_time:
+                       number("num_gpu"), gpu_milli, (row.get("gpu_spec") or "").strip(),
+                       (row.get("qos") or "").strip(), (row.get("pod_phase") or "").strip(),
+                       maybe("creation_time"), maybe("deletion_time"), maybe("scheduled_time"))
+        if pod.deletion_time is not None and pod.creation_time is not None \
+                and pod.deletion_time < pod.creation_time:
             raise TraceError(f"{path} line {line}: deletion_time {pod.deletion_time} is before "
                              f"creation_time {pod.creation_time}")
         pods.append(pod)
@@ -157,7 +162,7 @@ def write_pods(path: str | Path, pods: list[TracePod]) -> None:
         writer.writerow(POD_COLUMNS)
         for pod in pods:
             writer.writerow([pod.name, pod.cpu_milli, pod.memory_mib, pod.num_gpu, pod.gpu_milli,
-                             pod.gpu_spec, pod.qos, pod.pod_phase, pod.creation_time,
+                             pod.gpu_spec, pod.qos, pod.pod_phase, _cell(pod.creation_time),
                              _cell(pod.deletion_time), _cell(pod.scheduled_time)])
 
 

@@ -65,6 +65,8 @@ class FakeApiServer:
     def __init__(self) -> None:
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.nodes: dict[str, dict[str, Any]] = {}
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self.volumes: dict[str, dict[str, Any]] = {}
         self.unavailable = False
         """When set, every call gets 503, as from an API server that lost its etcd."""
         self.lock = threading.Lock()
@@ -123,6 +125,12 @@ class FakeApiServer:
                 length = int(self.headers.get("Content-Length") or 0)
                 return json.loads(self.rfile.read(length) or b"null")
 
+            def _found(self, item: dict[str, Any] | None, name: str) -> None:
+                if item is None:
+                    self._reply(404, _status(404, "NotFound", f'"{name}" not found'))
+                else:
+                    self._reply(200, item)
+
             def _parts(self) -> list[str]:
                 return [p for p in self.path.split("?", 1)[0].split("/") if p]
 
@@ -146,6 +154,10 @@ class FakeApiServer:
                         self._reply(200, {"kind": "NodeList", "apiVersion": "v1",
                                           "metadata": {"resourceVersion": "1"},
                                           "items": list(api.nodes.values())})
+                    elif len(parts) == 6 and parts[4] == "persistentvolumeclaims":
+                        self._found(api.claims.get((parts[3], parts[5])), parts[5])
+                    elif len(parts) == 4 and parts[2] == "persistentvolumes":
+                        self._found(api.volumes.get(parts[3]), parts[3])
                     elif len(parts) == 6 and parts[:3] == ["api", "v1", "namespaces"] \
                             and parts[4] == "pods":
                         pod = api.pods.get((parts[3], parts[5]))
@@ -326,8 +338,9 @@ def start_extender(fake_api: FakeApiServer) -> Iterator[Callable[..., HttpClient
     servers: list[ExtenderHTTPServer] = []
 
     def start(policy: str = "binpack", quota: QuotaBook | None = None,
-              seed: int | None = None) -> HttpClient:
-        extender = Extender(KubeClient(api_client(fake_api.url)), make_policy(policy, seed), quota)
+              seed: int | None = None, locality_weight: float = 0.3) -> HttpClient:
+        extender = Extender(KubeClient(api_client(fake_api.url)), make_policy(policy, seed), quota,
+                            locality_weight=locality_weight)
         extender.resync()
         server = ExtenderHTTPServer(("127.0.0.1", 0), extender)
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},

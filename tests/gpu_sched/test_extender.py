@@ -83,6 +83,31 @@ def test_prioritize_packs_next_to_running_jobs(cluster: Any, pod_json: Callable[
     assert {e["Host"]: e["Score"] for e in spread}["gpu-a"] == 10
 
 
+def test_fgd_prioritize_keeps_room_for_the_shares_it_has_seen(
+        fake_api: Any, pod_json: Callable[..., dict], node_json: Callable[..., dict],
+        start_extender: Callable[..., Any]) -> None:
+    """After 500-shares, a 400-share: best fit takes the GPU with 600 left (leaving 200, too
+    little for a 500-share); fgd takes the one with 900 left, and both GPUs still fit one."""
+    fake_api.add_node(node_json("six", gpus=1))
+    fake_api.add_node(node_json("nine", gpus=1))
+    fake_api.add_pod(pod_json("on-six", milli=400, node="six", assigned="0"))
+    fake_api.add_pod(pod_json("on-nine", milli=100, node="nine", assigned="0"))
+    names = ["six", "nine"]
+    fgd, binpack = start_extender(policy="fgd"), start_extender()
+    for index in range(5):
+        fgd.post("/prioritize", {"Pod": pod_json(f"half-{index}", milli=500), "NodeNames": names})
+    pod = fake_api.add_pod(pod_json("small", milli=400))
+
+    def best(client: Any) -> str:
+        scores = client.post("/prioritize", {"Pod": pod, "NodeNames": names})[1]
+        assert all(0 <= entry["Score"] <= 10 for entry in scores)
+        return max(scores, key=lambda entry: entry["Score"])["Host"]
+
+    assert (best(fgd), best(binpack)) == ("nine", "six")
+    assert fgd.post("/bind", bind_args(pod, "nine"))[1] == {"Error": ""}
+    assert fake_api.pod("default", "small")["metadata"]["annotations"]["gpu-sched/gpus"] == "0"
+
+
 def test_ava_packing_keeps_the_eight_gpu_node_free(
         fake_api: Any, pod_json: Callable[..., dict], node_json: Callable[..., dict],
         start_extender: Callable[..., Any]) -> None:
@@ -162,6 +187,31 @@ def test_concurrent_binds_never_share_a_gpu(fake_api: Any, pod_json: Callable[..
     assert sorted(assigned) == [str(i) for i in range(8)]
 
 
+def test_retried_bind_never_hands_out_a_running_pods_gpus(
+        fake_api: Any, pod_json: Callable[..., dict], node_json: Callable[..., dict],
+        start_extender: Callable[..., Any]) -> None:
+    """The same bind twice (a kube-scheduler retry), then to another node, then a second pod."""
+    fake_api.add_node(node_json("one", gpus=8))
+    fake_api.add_node(node_json("two", gpus=8))
+    first = fake_api.add_pod(pod_json("first", gpus=8))
+    client = start_extender()
+    assert client.post("/bind", bind_args(first, "one")) == (200, {"Error": ""})
+    assert client.post("/bind", bind_args(first, "one")) == (200, {"Error": ""})
+    status, result = client.post("/bind", bind_args(first, "two"))
+    assert (status, result) == (200, {"Error": "pod default/first is already bound to node one"})
+    stored = fake_api.pod("default", "first")
+    assert stored["spec"]["nodeName"] == "one"
+    assert stored["metadata"]["annotations"]["gpu-sched/gpus"] == "0,1,2,3,4,5,6,7"
+
+    second = fake_api.add_pod(pod_json("second", gpus=1))
+    result = client.post("/filter", {"Pod": second, "NodeNames": ["one", "two"]})[1]
+    assert result["NodeNames"] == ["two"]
+    assert client.post("/bind", bind_args(second, "one"))[1] == {
+        "Error": "node one: only 0 of 8 GPUs free, pod asks 1"}
+    assert "gpu-sched/gpus" not in fake_api.pod("default", "second")["metadata"].get(
+        "annotations", {})
+
+
 def test_gpu_sharing_pods_land_on_one_gpu(fake_api: Any, pod_json: Callable[..., dict],
                                           node_json: Callable[..., dict],
                                           start_extender: Callable[..., Any]) -> None:
@@ -234,6 +284,12 @@ def test_model_constraint_and_invalid_requests_are_unresolvable(
      "ExtenderBindingArgs.Node must be a non-empty string"),
     ("/bind", b'{"PodName": 3, "PodNamespace": "default", "Node": "n"}',
      "ExtenderBindingArgs.PodName must be a non-empty string"),
+    ("/filter", b"[" * 100_000 + b"]" * 100_000, "JSON nested deeper than 64 levels"),
+    ("/prioritize", b'{"Pod": ' * 5000 + b"1" + b"}" * 5000, "JSON nested deeper than 64 levels"),
+    ("/filter", b'{"Pod": {"metadata": {"name": "p"}}, "Nodes": {"items": [{"metadata": '
+     + b'{"name": "n", "labels": ' + b'{"a": ' * 200 + b"1" + b"}" * 200 + b"}}]}}",
+     "JSON nested deeper than 64 levels"),
+    ("/bind", b'{"PodName": ' + b"9" * 5000 + b"}", "unreadable JSON value: Exceeds the limit"),
 ])
 def test_malformed_bodies_get_400_with_one_line(path: str, body: bytes, message: str,
                                                 cluster: Any,

@@ -181,7 +181,7 @@ def test_cli_json_and_comparison_table(synthetic: tuple[Path, Path],
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert lines[0].split()[:2] == ["policy", "gpu"]
-    assert [line.split()[0] for line in lines[1:]] == ["binpack", "spread", "random"]
+    assert [line.split()[0] for line in lines[1:]] == ["binpack", "spread", "random", "fgd"]
 
 
 def test_plot_is_written_when_matplotlib_is_installed(synthetic: tuple[Path, Path],
@@ -195,3 +195,18 @@ def test_plot_is_written_when_matplotlib_is_installed(synthetic: tuple[Path, Pat
         assert "--plot needs matplotlib" in capsys.readouterr().err
     else:
         assert code == 0 and plot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_time_replay_enforces_cpu_and_memory_and_places_cpu_only_pods(tmp_path: Path) -> None:
+    """One 8-GPU node with CPU for two 4-core pods and memory for three 10 GiB pods."""
+    nodes, pods = write(tmp_path, "sn,cpu_milli,memory_mib,gpu,model\nn,8000,30720,8,V100M32\n",
+                        pods_csv("a,4000,1024,1,1000,,LS,Running,0,,0",
+                                 "b,4000,1024,1,1000,,LS,Running,1,,1",
+                                 "c,1000,1024,1,1000,,LS,Running,2,,2",
+                                 "cpu-hog,0,20000,0,0,,BE,Running,3,10,3",
+                                 "d,0,10240,1,1000,,LS,Running,4,,4",
+                                 "e,0,10240,1,1000,,LS,Running,11,,11"))
+    report = simulate.simulate(read_nodes(nodes), read_pods(pods), "binpack")
+    # c lacks CPU; the hog takes memory the GPU pod d then lacks; e comes after the hog left.
+    assert (report["gpu_pods"], report["placed"], report["failed"]) == (5, 3, 2)
+    assert (report["cpu_only_pods"], report["cpu_only_placed"]) == (1, 1)

@@ -1,0 +1,156 @@
+"""gpu_sched's policies in the arrival experiment on the Alibaba 2023 GPU trace, next to the paper.
+
+    python bench/gpu_arrival.py --trace DIR [--seeds 10] [--jobs 2] [--workloads default,...]
+        [--first-seed 42] [--policies fgd,binpack,spread,random] [--paper-csv FILE]
+        [--out results.jsonl]
+    python bench/gpu_arrival.py --table results.jsonl [more.jsonl ...] [--paper-csv ...]
+
+DIR holds the trace's CSV files (`openb_node_list_gpu_node.csv`, `openb_pod_list_*.csv`); the
+trace is not part of this repository. Every workload runs once per policy and seed (seeds 42,
+43, ..., or from `--first-seed`) at 130% demand, in `--jobs` processes. Prints a Markdown
+table: per workload, the mean share of GPUs allocated at 100% and 130% arrival for each policy,
+and with `--paper-csv` (the
+`experiments/analysis/expected_results/analysis_allo_discrete.csv` of the paper's simulator) the
+published means at 130% beside them, with fgd's margin over the published FGD. `--table`
+prints the table from saved runs instead (a run listed twice counts once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from gpu_sched.arrival import ARRIVAL_POLICIES, run_arrival
+from gpu_sched.trace import TraceNode, TracePod, read_nodes, read_pods
+
+WORKLOADS = ("default", "cpu050", "cpu100", "cpu200", "cpu250", "gpushare40", "gpushare60",
+             "gpushare80", "gpushare100", "gpuspec10", "gpuspec20", "gpuspec25", "gpuspec33",
+             "multigpu20", "multigpu30", "multigpu40", "multigpu50")
+PAPER_POLICIES = ("06-FGD", "05-BestFit", "04-GpuPacking", "03-GpuClustering", "02-DotProd",
+                  "01-Random")
+FIRST_SEED = 42
+
+
+@cache
+def _trace(directory: str, workload: str) -> tuple[list[TraceNode], list[TracePod]]:
+    base = Path(directory)
+    return (read_nodes(base / "openb_node_list_gpu_node.csv"),
+            read_pods(base / f"openb_pod_list_{workload}.csv"))
+
+
+def _one(job: tuple[str, str, str, int]) -> dict[str, Any]:
+    directory, workload, policy, seed = job
+    nodes, pods = _trace(directory, workload)
+    started = time.process_time()
+    report = run_arrival(nodes, pods, policy, 1.3, seed)
+    return {"workload": workload, "policy": policy, "seed": seed,
+            "cpu_seconds": time.process_time() - started,
+            **{key: report[key] for key in ("allocation_at_100", "allocation_at_demand",
+                                            "unallocated_gpus", "fragmented_gpus", "failed")}}
+
+
+def paper_means(path: Path) -> dict[tuple[str, str], tuple[float, float]]:
+    """(workload, policy) -> mean allocation (%) at 100% and 130% arrival over the paper's seeds."""
+    values: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
+    with path.open(newline="") as handle:
+        for row in csv.DictReader(handle):
+            workload = row["workload"].removeprefix("openb_pod_list_")
+            values[(workload, row["sc_policy"])].append((float(row["100"]), float(row["130"])))
+    return {key: (statistics.mean(v[0] for v in rows), statistics.mean(v[1] for v in rows))
+            for key, rows in values.items()}
+
+
+def table(results: list[dict[str, Any]], policies: list[str], workloads: list[str],
+          paper: dict[tuple[str, str], tuple[float, float]] | None) -> str:
+    mean: dict[tuple[str, str], tuple[float, float]] = {}
+    for workload in workloads:
+        for policy in policies:
+            runs = [r for r in results if r["workload"] == workload and r["policy"] == policy]
+            mean[(workload, policy)] = (100 * statistics.mean(r["allocation_at_100"] for r in runs),
+                                        100 * statistics.mean(r["allocation_at_demand"]
+                                                              for r in runs))
+    seeds = {p: min(sum(r["policy"] == p and r["workload"] == w for r in results)
+                    for w in workloads) for p in policies}
+    header = ["workload"] + [f"{p} 100% / 130% ({seeds[p]} seeds)" for p in policies]
+    if paper:
+        header += [f"paper {p.split('-')[1]} 130%" for p in PAPER_POLICIES]
+        header += ["fgd - paper FGD (130%)"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for workload in workloads:
+        cells = [workload] + [f"{mean[(workload, p)][0]:.2f} / {mean[(workload, p)][1]:.2f}"
+                              for p in policies]
+        if paper:
+            cells += [f"{paper[(workload, p)][1]:.2f}" for p in PAPER_POLICIES]
+            if "fgd" in policies:
+                cells.append(f"{mean[(workload, 'fgd')][1] - paper[(workload, '06-FGD')][1]:+.2f}")
+            else:
+                cells.append("-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trace", help="directory of the trace's CSV files")
+    parser.add_argument("--table", type=Path, nargs="+", help="only print the table of these "
+                        "saved runs (--out files)")
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--first-seed", type=int, default=FIRST_SEED)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--policies", default=",".join(ARRIVAL_POLICIES))
+    parser.add_argument("--paper-csv", type=Path, help="the paper's analysis_allo_discrete.csv")
+    parser.add_argument("--out", type=Path,
+                        help="append every run's figures to this file, one JSON line each")
+    args = parser.parse_args(argv)
+    workloads = args.workloads.split(",")
+    policies = args.policies.split(",")
+    paper = paper_means(args.paper_csv) if args.paper_csv else None
+    if args.table:
+        runs = {}
+        for path in args.table:
+            for line in path.read_text().splitlines():
+                run = json.loads(line)
+                runs[(run["workload"], run["policy"], run["seed"])] = run
+        print(table(list(runs.values()), policies, workloads, paper))
+        return 0
+    if not args.trace:
+        parser.error("give --trace DIR to run, or --table FILE to print saved runs")
+    missing = [w for w in workloads
+               if not (Path(args.trace) / f"openb_pod_list_{w}.csv").is_file()]
+    if missing or not (Path(args.trace) / "openb_node_list_gpu_node.csv").is_file():
+        print(f"gpu_arrival: {args.trace} lacks the node list or pod list(s) {missing}",
+              file=sys.stderr)
+        return 1
+    # Seed by seed, so an interrupted run still covers every workload and policy.
+    jobs = [(args.trace, w, p, args.first_seed + s) for s in range(args.seeds)
+            for w in workloads for p in policies]
+    started = time.monotonic()
+    results = []
+    with ProcessPoolExecutor(args.jobs) as pool:
+        for result in pool.map(_one, jobs):
+            results.append(result)
+            if args.out:
+                with args.out.open("a") as handle:
+                    handle.write(json.dumps(result) + "\n")
+    elapsed = time.monotonic() - started
+    cpu = sum(r["cpu_seconds"] for r in results)
+    by_policy = {p: sum(r["cpu_seconds"] for r in results if r["policy"] == p) for p in policies}
+    print(f"{len(jobs)} runs in {elapsed:.0f} s wall, {cpu:.0f} s CPU "
+          f"({', '.join(f'{p} {s:.0f} s' for p, s in by_policy.items())})\n")
+    print(table(results, policies, workloads, paper))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
