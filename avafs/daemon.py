@@ -23,7 +23,7 @@ import trio
 from .cache_dir import DISK_TIER_DIR, LOCATIONS_FILE, LOCK_FILE, PID_FILE, WRITEBACK_DIR, log_path
 from .control import SOCKET_NAME, ControlServer, Progress
 from .errors import AvafsError
-from .file_reads import FileReads
+from .file_reads import KEEP_LOCATIONS_FOR, FileReads
 from .fuse_ops import AvafsOperations
 from .in_place_watch import InPlaceWatch
 from .location_snapshot import LocationSnapshot
@@ -88,7 +88,8 @@ class Filesystem:
         ram = RamTier(options.ram_cache, options.ram_cache_files, options.high_watermark,
                       options.low_watermark)
         disk = DiskTier(options.cache_dir / DISK_TIER_DIR, options.disk_cache, options.disk_cache_files,
-                        options.high_watermark, options.low_watermark, options.cache_policy)
+                        options.high_watermark, options.low_watermark, options.cache_policy,
+                        KEEP_LOCATIONS_FOR)
         self.stack = TierStack(ram, disk, options.block_size, options.inflight_memory,
                                self.metrics)
         self.writeback: WriteBack | None = None

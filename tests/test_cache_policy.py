@@ -8,7 +8,9 @@ written) and the space reserved for dirty data are never taken.
 
 from __future__ import annotations
 
+import itertools
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,8 +29,11 @@ def _block(index: int) -> BlockId:
     return BlockId("file:///bucket", f"sample-{index}", "etag", 0)
 
 
-def _tier(root: Path, policy: str, blocks: int = TIER_BLOCKS) -> DiskTier:
-    return DiskTier(root, blocks * BLOCK, 10_000, 0.9, 0.75, policy)
+def _tier(root: Path, policy: str, blocks: int = TIER_BLOCKS,
+          clock: Callable[[], float] | None = None) -> DiskTier:
+    """A tier whose clock moves a period on at every look: each read counts (unless `clock`)."""
+    return DiskTier(root, blocks * BLOCK, 10_000, 0.9, 0.75, policy, 1.0,
+                    clock or itertools.count().__next__)
 
 
 def _epoch(tier: DiskTier, samples: int, seed: int) -> float:
@@ -97,6 +102,24 @@ def test_demoted_blocks_do_not_count_as_reads(tmp_path):
     tier.close()
 
 
+def test_reads_within_one_period_count_once(tmp_path):
+    """Readers read residents in place unseen for a period; a newcomer fetched again and
+    again meanwhile (short epochs) must not look read more often than they are."""
+    now = [0.0]
+    tier = _tier(tmp_path, "dataset", blocks=10, clock=lambda: now[0])
+    residents = [_block(index) for index in range(9)]
+    for block in residents:
+        tier.put(block, b"r" * BLOCK)
+    for _ in range(5):
+        tier.put(_block(100), b"n" * BLOCK)
+    assert _block(100) not in tier
+    for _ in range(2):
+        now[0] += 1.0
+        tier.put(_block(100), b"n" * BLOCK)
+    assert _block(100) in tier
+    tier.close()
+
+
 def test_read_counts_survive_a_restart(tmp_path):
     tier = _tier(tmp_path, "dataset", blocks=10)
     residents = [_block(index) for index in range(9)]
@@ -129,7 +152,8 @@ _operations = st.lists(st.tuples(
 @settings(max_examples=200, deadline=None)
 @given(_operations, st.integers(1, 20), st.integers(1, 40))
 def test_caps_hold_and_pinned_blocks_stay(operations, capacity_blocks, capacity_entries):
-    cache = FrequencyCache(capacity_blocks * BLOCK, capacity_entries, 0.9, 0.75, 64)
+    cache = FrequencyCache(capacity_blocks * BLOCK, capacity_entries, 0.9, 0.75, 64, 1.0,
+                           itertools.count().__next__)
     pinned: set[int] = set()
     for operation, key, size in operations:
         if operation in ("read", "demote"):
@@ -167,7 +191,8 @@ def test_caps_hold_and_pinned_blocks_stay(operations, capacity_blocks, capacity_
                           st.integers(0, 40), st.integers(1, 2 * BLOCK)), max_size=120))
 def test_disk_tier_never_exceeds_its_caps_nor_takes_reserved_space(tmp_path_factory,
                                                                    operations):
-    tier = DiskTier(tmp_path_factory.mktemp("tier"), 16 * BLOCK, 12, 0.9, 0.75, "dataset")
+    tier = DiskTier(tmp_path_factory.mktemp("tier"), 16 * BLOCK, 12, 0.9, 0.75, "dataset", 1.0,
+                    itertools.count().__next__)
     reserved = 0
     for operation, key, size in operations:
         block = _block(key)

@@ -15,8 +15,9 @@ import os
 import shutil
 import struct
 import threading
+import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rocksdict import Options, Rdict, WriteBatch
@@ -49,9 +50,11 @@ class DiskTier(TierAccounting):
     name = "disk"
 
     def __init__(self, root: Path, capacity: int, capacity_files: int, high: float,
-                 low: float, policy: str = "lru") -> None:
+                 low: float, policy: str = "lru", recount_after: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         """`policy`: "lru", or "dataset" for reads of datasets larger than the tier
-        (`frequency.py`)."""
+        (`frequency.py`, which counts a block's reads once per `recount_after` seconds of
+        `clock`)."""
         self.root = root
         self._blocks_dir = root / BLOCKS_DIR
         self._tmp_dir = root / "tmp"
@@ -61,7 +64,8 @@ class DiskTier(TierAccounting):
         self._lock = threading.Lock()
         self._writer = BlockFileWriter()
         self._capacity = capacity
-        self._lru = (FrequencyCache(capacity, capacity_files, high, low, capacity_files)
+        self._lru = (FrequencyCache(capacity, capacity_files, high, low, capacity_files,
+                                    recount_after, clock)
                      if policy == "dataset" else CappedLRU(capacity, capacity_files, high, low))
         self._records: dict[BlockId, tuple[int, int]] = {}  # size, crc32
         self._checked: set[BlockId] = set()

@@ -19,16 +19,19 @@ admission past the high watermark evicts down to it, so background eviction does
 share of the residents on every pass. Counts are halved every `AGING_PERIOD` reads per
 resident, so blocks that stop being read lose their place.
 
-Reads the tier does not see do not count: those served by the RAM tier or the page cache, and
-in-place reads of a block file a reader remembered (`Client.read_files`). The training adapters'
-prefetch hints and cache query reach the tier for every sample of an epoch, so an epoch's
-reads are counted even when the bytes come from elsewhere.
+A block's reads count at most once per `recount_after` seconds (the file reads' in-place
+answer lifetime): a reader may read a resident's block file in place for that long without
+asking (`Client.read_files`), so the tier sees a resident's reads no more often than that, and
+counting a newcomer's misses faster (short epochs, a block fetched twice) would let it displace
+residents read just as often. Reads served by the RAM tier or the page cache are not seen
+either; the training adapters' cache query (`cache_aware`) counts every cached sample of an
+epoch at its start.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 from .lru import CappedLRU
 
@@ -44,7 +47,10 @@ class FrequencySketch:
     """Count-min sketch of how often keys were read: `ROWS` rows of saturating byte counters.
 
     An estimate is never below the true count and exceeds it only through collisions, which a
-    width of twice the expected number of keys keeps rare."""
+    width of twice the expected number of keys keeps rare. A key counts once per period
+    (`record`): beside each counter, the number of the period it last counted in (mod 255); a
+    key whose slots all carry the current period's number has counted already (a collision
+    can hide a read, rarely: all `ROWS` slots must collide)."""
 
     def __init__(self, expected_keys: int) -> None:
         width = MIN_WIDTH
@@ -52,6 +58,7 @@ class FrequencySketch:
             width *= 2
         self._mask = width - 1
         self._rows = [bytearray(width) for _ in range(ROWS)]
+        self._counted_in = [bytearray(width) for _ in range(ROWS)]
 
     def _slots(self, key: Hashable) -> list[int]:
         first = hash(key)
@@ -61,10 +68,17 @@ class FrequencySketch:
     def estimate(self, key: Hashable) -> int:
         return min(row[slot] for row, slot in zip(self._rows, self._slots(key), strict=True))
 
-    def record(self, key: Hashable) -> None:
-        for row, slot in zip(self._rows, self._slots(key), strict=True):
+    def record(self, key: Hashable, period: int) -> bool:
+        """Counts a read in `period` unless the key counted in it already; True if counted."""
+        slots = self._slots(key)
+        tag = period % MAX_COUNT + 1
+        if all(seen[slot] == tag for seen, slot in zip(self._counted_in, slots, strict=True)):
+            return False
+        for row, seen, slot in zip(self._rows, self._counted_in, slots, strict=True):
+            seen[slot] = tag
             if row[slot] < MAX_COUNT:
                 row[slot] += 1
+        return True
 
     def halve(self) -> None:
         for row in self._rows:
@@ -80,9 +94,12 @@ class FrequencyCache(CappedLRU):
     policy = "dataset"
 
     def __init__(self, capacity_bytes: int, capacity_entries: int, high_watermark: float,
-                 low_watermark: float, expected_keys: int) -> None:
+                 low_watermark: float, expected_keys: int, recount_after: float,
+                 clock: Callable[[], float]) -> None:
         super().__init__(capacity_bytes, capacity_entries, high_watermark, low_watermark)
         self._sketch = FrequencySketch(expected_keys)
+        self._recount_after = recount_after
+        self._clock = clock
         self._reads: dict[Hashable, int] = {}
         self._by_reads: dict[int, OrderedDict[Hashable, None]] = {}
         self._reads_since_aging = 0
@@ -93,8 +110,8 @@ class FrequencyCache(CappedLRU):
     def touch(self, key: Hashable) -> bool:
         if not super().touch(key):
             return False
-        self._note_read(key)
-        self._place(key, min(MAX_COUNT, self._reads[key] + 1))
+        if self._note_read(key):
+            self._place(key, min(MAX_COUNT, self._reads[key] + 1))
         return True
 
     def add(self, key: Hashable, size: int, reads: int | None = None) -> None:
@@ -150,11 +167,14 @@ class FrequencyCache(CappedLRU):
                 excess_entries -= 1
         return victims
 
-    def _note_read(self, key: Hashable) -> None:
-        self._sketch.record(key)
+    def _note_read(self, key: Hashable) -> bool:
+        """Counts a read unless the key counted in this period already; True if counted."""
+        if not self._sketch.record(key, int(self._clock() // self._recount_after)):
+            return False
         self._reads_since_aging += 1
         if self._reads_since_aging >= AGING_PERIOD * max(len(self), MIN_WIDTH):
             self._age()
+        return True
 
     def _age(self) -> None:
         self._reads_since_aging = 0
