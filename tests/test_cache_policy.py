@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import itertools
 import random
+import struct
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from rocksdict import Options, Rdict
 
 from avafs.tiers.blocks import BlockId
 from avafs.tiers.disk import DiskTier, allocated
@@ -141,7 +143,13 @@ def test_an_index_written_before_read_counts_is_read(tmp_path):
     tier = _tier(tmp_path, "lru")
     tier.put(_block(1), b"x" * BLOCK)
     tier.close()
-    assert _tier(tmp_path, "dataset").get(_block(1)) == b"x" * BLOCK
+    index = Rdict(str(tmp_path / "index"), options=Options(raw_mode=True))
+    for key, value in index.items():  # as a tier of the release before read counts wrote it
+        index[key] = value[:struct.calcsize("<QIQ")]
+    index.close()
+    tier = _tier(tmp_path, "dataset")
+    assert tier.get(_block(1)) == b"x" * BLOCK
+    tier.close()
 
 
 _operations = st.lists(st.tuples(
