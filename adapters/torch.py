@@ -138,7 +138,9 @@ class AvaShuffleSampler(torch.utils.data.Sampler[int]):
     mount cached at the epoch's start first and hints the mount to fetch the window's others
     (`cache_order.py`). Stateful (torchdata's StatefulDataLoader saves and restores it): the
     state holds the epoch, the indices handed out and what was cached at the epoch's start, so
-    a restored sampler goes on with the same order. Call `set_epoch` before each epoch.
+    a restored sampler goes on with the same order. Call `set_epoch` before each epoch; an
+    iteration left unfinished is continued by the next one in the same epoch, as a restored
+    sampler's is.
     """
 
     def __init__(self, dataset: AvaMapDataset, *, seed: int = 0, shuffle_window: int = 1000,
