@@ -45,13 +45,13 @@ from avafs.sizes import parse_size  # noqa: E402
 
 MiB = 2**20
 SYSTEMS = ("avafs-lru", "avafs-dataset", "avafs-aware", "rclone", "juicefs")
-RAM_CACHE = 16 * MiB
+RAM_CACHE = 32 * MiB
 """avafs's RAM tier: small, so that across epochs the disk tier is what is measured; it holds
-a window of prefetched samples."""
+the batches in flight (`WORKERS` x `BATCH` samples) and a few windows of prefetched samples."""
 WINDOW = 8
 """The sampler's shuffle window: cache_aware hints a window's uncached samples at once."""
 WORKERS = 2
-BATCH = 16
+BATCH = 4
 
 
 class CountingProxy:
@@ -110,9 +110,14 @@ def upload(server: MotoServer, case: Case) -> None:
                       Body=os.urandom(case.size))
 
 
-def epochs(mountpoint: Path, case: Case, proxy: CountingProxy, count: int, on_avafs: bool,
-           cache_aware: bool) -> list[tuple[float, float]]:
-    """(hit ratio, samples/s) of each epoch."""
+def disk_used(directory: Path) -> int:
+    """Bytes the files under `directory` occupy, as `du` counts them."""
+    return sum(path.lstat().st_blocks * 512 for path in directory.rglob("*") if path.is_file())
+
+
+def epochs(mountpoint: Path, cache: Path, case: Case, proxy: CountingProxy, count: int,
+           on_avafs: bool, cache_aware: bool) -> list[tuple[float, float, int]]:
+    """(hit ratio, samples/s, bytes in the cache dir at its end) of each epoch."""
     dataset = AvaMapDataset.from_prefix(mountpoint / case.name, require_mount=on_avafs)
     assert len(dataset) == case.files, (len(dataset), case.files)
     sampler = AvaShuffleSampler(dataset, seed=0, shuffle_window=WINDOW, cache_aware=cache_aware)
@@ -128,7 +133,8 @@ def epochs(mountpoint: Path, case: Case, proxy: CountingProxy, count: int, on_av
         elapsed = time.perf_counter() - started
         fetched = proxy.received - before
         # HTTP headers make a cold epoch fetch a little more than the dataset: shown as 0.
-        results.append((max(0.0, 1 - fetched / (case.files * case.size)), samples / elapsed))
+        results.append((max(0.0, 1 - fetched / (case.files * case.size)), samples / elapsed,
+                        disk_used(cache)))
     return results
 
 
@@ -144,7 +150,7 @@ def make_mount(system: str, proxy: CountingProxy, mountpoint: Path, disk_cache: 
 
 
 def run(system: str, case: Case, proxy: CountingProxy, work: Path, disk_cache: int,
-        count: int) -> list[tuple[float, float]]:
+        count: int) -> list[tuple[float, float, int]]:
     mount = make_mount(system, proxy, work / "mnt", disk_cache)
     cache = work / f"cache-{system}"
     shutil.rmtree(cache, ignore_errors=True)
@@ -152,7 +158,7 @@ def run(system: str, case: Case, proxy: CountingProxy, work: Path, disk_cache: i
         mount.load(case.name, case.files, case.size)
     mount.mount(cache)
     try:
-        return epochs(mount.mountpoint, case, proxy, count, system.startswith("avafs"),
+        return epochs(mount.mountpoint, cache, case, proxy, count, system.startswith("avafs"),
                       system == "avafs-aware")
     finally:
         mount.unmount()
@@ -182,22 +188,27 @@ def main() -> int:
     try:
         server.client().create_bucket(Bucket=BUCKET)
         print(f"disk cache {args.disk_cache}, {args.epochs} epochs, {WORKERS} DataLoader "
-              f"workers, batch {BATCH}, medians of {args.runs} run(s); hit ratio / samples/s")
+              f"workers, batch {BATCH}, medians of {args.runs} run(s); per epoch: hit ratio / "
+              "samples/s / MiB in the cache dir at its end")
         for case in cases:
             upload(server, case)
             print(f"\n{case.name}: {case.files} files, cache share "
                   f"{disk_cache / (case.files * case.size):.2f}")
-            print(f"{'system':<15}" + "".join(f"{'epoch ' + str(e + 1):>18}"
+            print(f"{'system':<15}" + "".join(f"{'epoch ' + str(e + 1):>24}"
                                               for e in range(args.epochs)))
             for system in systems:
-                runs = [run(system, case, proxy, work, disk_cache, args.epochs)
-                        for _ in range(args.runs)]
+                try:
+                    runs = [run(system, case, proxy, work, disk_cache, args.epochs)
+                            for _ in range(args.runs)]
+                except RuntimeError as error:
+                    print(f"{system:<15} failed: {error}", flush=True)
+                    continue
                 cells = []
                 for epoch in range(args.epochs):
-                    hit = median([result[epoch][0] for result in runs])
-                    rate = median([result[epoch][1] for result in runs])
-                    cells.append(f"{hit:>8.2f} / {rate:>7.0f}")
-                print(f"{system:<15}" + "".join(f"{cell:>18}" for cell in cells), flush=True)
+                    hit, rate, used = (median([result[epoch][field] for result in runs])
+                                       for field in range(3))
+                    cells.append(f"{hit:.2f} / {rate:.0f} / {used / MiB:.0f}")
+                print(f"{system:<15}" + "".join(f"{cell:>24}" for cell in cells), flush=True)
     finally:
         unmount_everything()
         server.stop()
