@@ -11,11 +11,12 @@ from __future__ import annotations
 import itertools
 import random
 import struct
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from rocksdict import Options, Rdict
 
@@ -193,14 +194,16 @@ def test_caps_hold_and_pinned_blocks_stay(operations, capacity_blocks, capacity_
             assert len(cache) <= capacity_entries
 
 
-@settings(max_examples=30, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["read", "demote", "hit", "reserve"]),
                           st.integers(0, 40), st.integers(1, 2 * BLOCK)), max_size=120))
-def test_disk_tier_never_exceeds_its_caps_nor_takes_reserved_space(tmp_path_factory,
-                                                                   operations):
-    tier = DiskTier(tmp_path_factory.mktemp("tier"), 16 * BLOCK, 12, 0.9, 0.75, "dataset", 1.0,
-                    itertools.count().__next__)
+def test_disk_tier_never_exceeds_its_caps_nor_takes_reserved_space(operations):
+    with tempfile.TemporaryDirectory(prefix="avafs-policy-") as root:
+        _check_caps(DiskTier(Path(root), 16 * BLOCK, 12, 0.9, 0.75, "dataset", 1.0,
+                             itertools.count().__next__), operations)
+
+
+def _check_caps(tier: DiskTier, operations: list[tuple[str, int, int]]) -> None:
     reserved = 0
     for operation, key, size in operations:
         block = _block(key)
