@@ -18,10 +18,11 @@ import itertools
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from adapters.cache_order import CachedMask, cached_mask, windows
 from adapters.elastic import leased_tasks, tagged_task_samples
 from adapters.errors import EmptyDatasetError
 from adapters.mounts import client_for
-from adapters.prefetch import PrefetchHinter
+from adapters.prefetch import MountHints, PrefetchHinter
 from adapters.sharding import CoordinatorClient, JobSpec, Lease
 from adapters.shards import Sample, SampleFormat, count_samples, read_file_samples, read_samples
 from adapters.sources import Item, ItemSource
@@ -34,9 +35,14 @@ class SampleReader:
     """Reads one source in one format; picklable, so DataLoader workers get their own copy."""
 
     def __init__(self, source: ItemSource, fmt: SampleFormat, *, shuffle: bool, seed: int,
-                 shuffle_block_size: int, drop_last: bool, prefetch_ahead: int) -> None:
+                 shuffle_block_size: int, drop_last: bool, prefetch_ahead: int,
+                 cache_aware: bool = False) -> None:
         if shuffle_block_size < 1 or prefetch_ahead < 0:
             raise ValueError("shuffle_block_size must be >= 1 and prefetch_ahead >= 0")
+        if cache_aware and (fmt.is_sharded or not shuffle):
+            raise ValueError("cache_aware=True orders shuffled one-file samples: use it with "
+                             "shuffle=True and format='files'")
+        self.cache_aware = cache_aware
         self.source = source
         self.format = fmt
         self.shuffle = shuffle
@@ -66,15 +72,31 @@ class SampleReader:
         return reader_span(sum(self.counts()), ReaderSlot(world_size, rank),
                            drop_last=self.drop_last).count
 
-    def static_samples(self, slot: ReaderSlot, epoch: int, skip: int) -> Iterator[Sample]:
-        """This reader's samples of the epoch, after the first `skip` of them."""
+    def _span_units(self, slot: ReaderSlot, epoch: int) -> list[Item]:
+        """A reader's one-file samples of the epoch, in epoch order."""
+        items = self.source.items()
+        order = unit_order(len(items), shuffle=self.shuffle, seed=self.seed, epoch=epoch)
+        span = reader_span(len(items), slot, drop_last=self.drop_last)
+        return [items[order[position % len(items)]]
+                for position in range(span.start, span.start + span.count)]
+
+    def cached_at_start(self, slot: ReaderSlot, epoch: int) -> CachedMask:
+        """Which of the reader's samples of the epoch the mount caches now (cache_aware)."""
+        units = self._span_units(slot, epoch)
+        return cached_mask(client_for(self.source.root, require_mount=False),
+                           [unit.path for unit in units])
+
+    def static_samples(self, slot: ReaderSlot, epoch: int, skip: int,
+                       cached: CachedMask = 0) -> Iterator[Sample]:
+        """This reader's samples of the epoch, after the first `skip` of them; with
+        cache_aware, `cached` is `cached_at_start` of this epoch."""
+        if self.cache_aware:
+            yield from self._cache_aware_samples(self._span_units(slot, epoch), skip, cached)
+            return
         items = self.source.items()
         order = unit_order(len(items), shuffle=self.shuffle, seed=self.seed, epoch=epoch)
         if not self.format.is_sharded:
-            span = reader_span(len(items), slot, drop_last=self.drop_last)
-            ordered = [items[order[position % len(items)]]
-                       for position in range(span.start + skip, span.start + span.count)]
-            yield from self._units(ordered)
+            yield from self._units(self._span_units(slot, epoch)[skip:])
             return
         counts = self.counts()
         stream = _ShardStream(self.format, [items[unit] for unit in order],
@@ -120,6 +142,17 @@ class SampleReader:
             permutation = block_order(len(buffered), seed=self.seed, epoch=epoch,
                                       block=(lease.task, block))
             yield from (buffered[index] for index in permutation)
+
+    def _cache_aware_samples(self, units: list[Item], skip: int,
+                             cached: CachedMask) -> Iterator[Sample]:
+        """Each window's cached samples, then its others, which the mount is told to fetch as
+        the window begins (see `cache_order.py`)."""
+        client = client_for(self.source.root, require_mount=False)
+        hints = None if client is None else MountHints(client)
+        for read, fetch in windows(len(units), self.shuffle_block_size, cached, skip):
+            if hints is not None and fetch:
+                hints.send([units[position].path for position in fetch])
+            yield from self._units([units[position] for position in read])
 
     def _units(self, units: list[Item]) -> Iterator[Sample]:
         """Every sample of `units` in order, hinting the mount about the units coming next."""

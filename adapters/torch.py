@@ -26,6 +26,7 @@ import torch
 import torch.distributed
 import torch.utils.data
 
+from adapters.cache_order import CachedMask, cached_mask, windows
 from adapters.elastic import acknowledged_epoch, worker_identity
 from adapters.mounts import client_for, manifest_root
 from adapters.prefetch import MountHints
@@ -33,7 +34,7 @@ from adapters.reading import SampleReader
 from adapters.sharding import CoordinatorClient
 from adapters.shards import Sample, SampleFormat, read_file_sample, read_file_samples
 from adapters.sources import ItemSource, ManifestSource, PrefixSource
-from adapters.splitting import ReaderSlot
+from adapters.splitting import ReaderSlot, unit_order
 
 if TYPE_CHECKING:
     from avafs.client import Client
@@ -130,6 +131,68 @@ class PrefetchingSampler(torch.utils.data.Sampler[int]):
             yield window.popleft()
 
 
+class AvaShuffleSampler(torch.utils.data.Sampler[int]):
+    """Shuffled epochs of an AvaMapDataset, a pure function of (seed, epoch), resumable.
+
+    With `cache_aware=True`, each window of `shuffle_window` indices yields the samples the
+    mount cached at the epoch's start first and hints the mount to fetch the window's others
+    (`cache_order.py`). Stateful (torchdata's StatefulDataLoader saves and restores it): the
+    state holds the epoch, the indices handed out and what was cached at the epoch's start, so
+    a restored sampler goes on with the same order. Call `set_epoch` before each epoch; an
+    iteration left unfinished is continued by the next one in the same epoch, as a restored
+    sampler's is.
+    """
+
+    def __init__(self, dataset: AvaMapDataset, *, seed: int = 0, shuffle_window: int = 1000,
+                 cache_aware: bool = False) -> None:
+        if shuffle_window < 1:
+            raise ValueError("shuffle_window must be >= 1")
+        self.dataset = dataset
+        self.seed = seed
+        self.shuffle_window = shuffle_window
+        self.cache_aware = cache_aware
+        self.epoch = 0
+        self._yielded = 0
+        self._cached: CachedMask | None = None
+        """What was cached at this epoch's start; None until the epoch starts."""
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self._yielded = 0
+            self._cached = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "seed": self.seed, "yielded": self._yielded,
+                "cached": self._cached}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state["seed"] != self.seed:
+            raise ValueError(f"state was saved with seed {state['seed']}, this sampler has "
+                             f"seed {self.seed}")
+        self.epoch, self._yielded, self._cached = state["epoch"], state["yielded"], state["cached"]
+
+    def __iter__(self) -> Iterator[int]:
+        items = self.dataset.source.items()
+        order = unit_order(len(items), shuffle=True, seed=self.seed, epoch=self.epoch)
+        client = client_for(self.dataset.source.root, require_mount=False)
+        if self._yielded == 0 or self._cached is None:
+            self._cached = (cached_mask(client, [items[index].path for index in order])
+                            if self.cache_aware else 0)
+        hints = MountHints(client) if client is not None and self.cache_aware else None
+        for read, fetch in windows(len(order), self.shuffle_window, self._cached, self._yielded):
+            if hints is not None and fetch:
+                hints.send([items[order[position]].path for position in fetch])
+            for position in read:
+                self._yielded += 1
+                yield order[position]
+        self._yielded = 0
+        self._cached = None
+
+
 class AvaIterableDataset(torch.utils.data.IterableDataset):
     """Streams samples of files or shards, split across ranks and DataLoader workers.
 
@@ -137,6 +200,10 @@ class AvaIterableDataset(torch.utils.data.IterableDataset):
     split their rank's share. Dynamic mode (`coordinator=`): trainers lease tasks from a sharding
     coordinator; iterate with `dataset.acknowledged(loader)` so tasks are acknowledged once
     consumed, and the epoch runs until every task is acknowledged by some trainer.
+
+    `cache_aware=True` (static mode, shuffled one-file samples): each window of
+    `shuffle_block_size` samples reads the ones the mount cached first while the mount fetches
+    the others (`cache_order.py`); the saved state carries what was cached at the epoch's start.
     """
 
     def __init__(self, source: ItemSource, *, format: str | SampleFormat = SampleFormat.FILES,
@@ -144,15 +211,18 @@ class AvaIterableDataset(torch.utils.data.IterableDataset):
                  shuffle_block_size: int = 1000, drop_last: bool = False, prefetch_ahead: int = 0,
                  require_mount: bool = True, world_size: int | None = None,
                  rank: int | None = None, coordinator: CoordinatorClient | None = None,
-                 task_size: int | None = None) -> None:
+                 task_size: int | None = None, cache_aware: bool = False) -> None:
         if require_mount:
             client_for(source.root, require_mount=True)
         if (world_size is None) != (rank is None):
             raise ValueError("pass both world_size and rank, or neither (torch.distributed decides)")
+        if cache_aware and coordinator is not None:
+            raise ValueError("cache_aware=True orders static splits; a coordinator's tasks "
+                             "keep their order")
         fmt = SampleFormat(format)
         self.reader = SampleReader(source, fmt, shuffle=shuffle, seed=seed,
                                    shuffle_block_size=shuffle_block_size, drop_last=drop_last,
-                                   prefetch_ahead=prefetch_ahead)
+                                   prefetch_ahead=prefetch_ahead, cache_aware=cache_aware)
         self.transform = transform
         self.world_size = world_size
         self.rank = rank
@@ -168,6 +238,8 @@ class AvaIterableDataset(torch.utils.data.IterableDataset):
         self._resume_at = 0
         self._resume_slot: ReaderSlot | None = None
         self._slot: ReaderSlot | None = None
+        self._cached: CachedMask = 0
+        """cache_aware: which of this reader's samples were cached as its epoch began."""
         self._consumer = worker_identity()
 
     @classmethod
@@ -205,7 +277,8 @@ class AvaIterableDataset(torch.utils.data.IterableDataset):
         slot = self._slot
         return {"epoch": self.epoch, "seed": self.reader.seed, "consumed": self._consumed,
                 "slot": None if slot is None else [slot.world_size, slot.rank, slot.num_workers,
-                                                   slot.worker]}
+                                                   slot.worker],
+                "cached": self._cached}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state["seed"] != self.reader.seed:
@@ -215,6 +288,7 @@ class AvaIterableDataset(torch.utils.data.IterableDataset):
         self._epoch_set.fill_(self.epoch)
         self._consumed = self._resume_at = state["consumed"]
         self._resume_slot = None if state["slot"] is None else ReaderSlot(*state["slot"])
+        self._cached = state.get("cached", 0)
 
     def __len__(self) -> int:
         """Samples this rank reads per epoch (static mode), the same on every rank."""
@@ -236,7 +310,9 @@ class AvaIterableDataset(torch.utils.data.IterableDataset):
             samples = self.reader.dynamic_samples(self.coordinator, self.epoch, worker,
                                                   self.task_size)
         else:
-            samples = self.reader.static_samples(slot, self.epoch, skip)
+            if self.reader.cache_aware and not skip:
+                self._cached = self.reader.cached_at_start(slot, self.epoch)
+            samples = self.reader.static_samples(slot, self.epoch, skip, self._cached)
         for sample in samples:
             self._consumed += 1
             yield sample if self.transform is None else self._transformed(sample)

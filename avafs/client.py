@@ -118,6 +118,12 @@ class Client:
         """Queue files for background loading below demand reads; returns how many."""
         return self._call("prefetch", items=self._items(paths))["queued"]
 
+    def cached(self, paths: Iterable[str | os.PathLike]) -> list[float | None]:
+        """For each file (or directory, recursively), the share of its blocks the mount's
+        cache holds, 0.0 to 1.0 (None: not in the mount). Tells the cache these files are
+        about to be read: the `dataset` policy counts that as a read of the cached ones."""
+        return self._call("cached", timeout=None, items=self._items(paths))["shares"]
+
     def evict(self, paths: Iterable[str | os.PathLike]) -> dict[str, Any]:
         """Drop clean cached blocks of files (directories recursively)."""
         return self._call("evict", timeout=None, items=self._items(paths))

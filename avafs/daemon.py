@@ -32,7 +32,7 @@ from .cache_dir import (
 )
 from .control import SOCKET_NAME, ControlServer, Progress
 from .errors import AvafsError
-from .file_reads import FileReads
+from .file_reads import KEEP_LOCATIONS_FOR, FileReads
 from .fuse_ops import AvafsOperations
 from .in_place_watch import InPlaceWatch
 from .location_snapshot import LocationSnapshot
@@ -97,7 +97,8 @@ class Filesystem:
         ram = RamTier(options.ram_cache, options.ram_cache_files, options.high_watermark,
                       options.low_watermark)
         disk = DiskTier(options.cache_dir / DISK_TIER_DIR, options.disk_cache, options.disk_cache_files,
-                        options.high_watermark, options.low_watermark)
+                        options.high_watermark, options.low_watermark, options.cache_policy,
+                        KEEP_LOCATIONS_FOR)
         self.stack = TierStack(ram, disk, options.block_size, options.inflight_memory,
                                self.metrics)
         self.writeback: WriteBack | None = None
@@ -133,6 +134,7 @@ class Filesystem:
             "read": FileReads(self.namespace, self.stack, self.writeback, self.in_place,
                               self.locations).handle,
             "list": self._list,
+            "cached": self._cached,
         })
         if options.metrics_addr:
             host, port = options.metrics_addr
@@ -174,6 +176,15 @@ class Filesystem:
         except (FileNotFoundError, NotADirectoryError) as error:
             raise AvafsError(f"cannot list {path or '/'} in the mount: "
                              f"{error.__class__.__name__}") from None
+
+    def _cached(self, request: dict, progress: Progress) -> dict:
+        """For each item, the share of its blocks the cache holds (None: not found)."""
+        shares = []
+        for item in request["items"]:
+            targets = expand(self.namespace, [item], [])
+            shares.append(self.stack.cached_share([target.ref for target in targets])
+                          if targets else None)
+        return {"shares": shares}
 
     def _evict(self, request: dict, progress: Progress) -> dict:
         failures: list[tuple[str, str]] = []

@@ -124,6 +124,9 @@ MOUNT_OPTIONS: tuple[OptionSpec, ...] = (
                "usage fraction of a tier that starts background eviction (default 0.90)", metavar="F"),
     OptionSpec("low_watermark", _fraction, 0.75,
                "usage fraction background eviction stops at (default 0.75)", metavar="F"),
+    OptionSpec("cache_policy", _choice("lru", "dataset"), "lru",
+               "disk tier policy: lru, or dataset (keeps the blocks read most often, for datasets "
+               "larger than the tier read in shuffled epochs; default lru)", metavar="POLICY"),
     OptionSpec("read_ahead", _count, 8,
                "blocks streamed ahead of a sequential reader; the window doubles while it stays "
                "sequential (default 8; 0 disables)", metavar="N"),
@@ -176,6 +179,7 @@ class MountOptions:
     disk_cache_files: int
     high_watermark: float
     low_watermark: float
+    cache_policy: str
     read_ahead: int
     inflight_memory: int
     metadata_ttl: float

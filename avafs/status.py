@@ -42,6 +42,7 @@ def build_status(filesystem: Filesystem) -> dict[str, Any]:
             "used_bytes": tier.used, "capacity_bytes": tier.capacity,
             "files": len(tier), "capacity_files": tier.capacity_files,
             "high_watermark": tier.high_watermark, "low_watermark": tier.low_watermark,
+            "policy": tier.policy,
         }
     requests = {sample.labels["operation"]: int(sample.value)
                 for sample in metrics.store_requests.collect()[0].samples

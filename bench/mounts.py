@@ -292,6 +292,11 @@ class RcloneMount(Mount):
 
     name = "rclone"
 
+    def __init__(self, server: MotoServer, mountpoint: Path, options: tuple[str, ...] = ()) -> None:
+        super().__init__(server, mountpoint)
+        self.options = options
+        """More `rclone mount` options, such as `--vfs-cache-max-size`."""
+
     def _env(self) -> dict[str, str]:
         """The remote's settings; AWS_CA_BUNDLE is left out because rclone's S3 backend
         refuses to start with it set (LoadCustomCABundleError) and the endpoint is plain
@@ -313,7 +318,7 @@ class RcloneMount(Mount):
         self._process = subprocess.Popen(
             ["rclone", "mount", f"bench:{BUCKET}", str(self.mountpoint),
              "--vfs-cache-mode", "full", "--cache-dir", str(cache_dir),
-             "--vfs-write-back", "0s", "--use-server-modtime"],
+             "--vfs-write-back", "0s", "--use-server-modtime", *self.options],
             env=self._env(), stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
             start_new_session=True)
         wait_until_mounted(self.mountpoint, self._process)
@@ -325,6 +330,57 @@ class RcloneMount(Mount):
         super()._unmount()
         self._process.wait(timeout=_EXIT_TIMEOUT)
         self._log.close()
+
+
+class JuiceFsMount(Mount):
+    """JuiceFS with a local SQLite metadata engine and its data in the bucket, in JuiceFS's
+    own chunk format: a dataset is written through a JuiceFS mount before it can be read
+    (`load`); `--cache-size` bounds its local block cache."""
+
+    name = "juicefs"
+
+    def __init__(self, server: MotoServer, mountpoint: Path, cache_size: int,
+                 work: Path) -> None:
+        """`work`: where the volume's metadata lives, kept from one mount to the next."""
+        super().__init__(server, mountpoint)
+        self.cache_size = cache_size
+        self.work = work
+        self._meta = f"sqlite3://{work / 'meta.db'}"
+
+    def load(self, directory: str, files: int, size: int) -> None:
+        """Formats a volume in the bucket's "juicefs/" prefix once and writes `files` random
+        files of `size` bytes into `directory` through a mount of it, unless already there."""
+        self.work.mkdir(parents=True, exist_ok=True)
+        if not (self.work / "meta.db").exists():
+            run_checked(["juicefs", "format", "--storage", "minio", "--bucket",
+                         f"{self.server.endpoint}/{BUCKET}/juicefs",
+                         "--access-key", CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                         "--secret-key", CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+                         self._meta, "bench"])
+        work = self.work
+        loader = JuiceFsMount(self.server, work / "mnt", self.cache_size, work)
+        loader.mount(work / "cache")
+        try:
+            target = loader.mountpoint / directory
+            if not target.exists():
+                target.mkdir()
+                for index in range(files):
+                    (target / f"{index:06d}.bin").write_bytes(os.urandom(size))
+        finally:
+            loader.unmount()
+            shutil.rmtree(work / "cache", ignore_errors=True)
+
+    def _mount(self, cache_dir: Path) -> None:
+        run_checked(["juicefs", "mount", "-d", self._meta, str(self.mountpoint),
+                     "--cache-dir", str(cache_dir), "--cache-size",
+                     str(self.cache_size // 2**20), "--free-space-ratio", "0",
+                     "--log", str(cache_dir.parent / f"{cache_dir.name}.log")])
+
+    def _daemon_pid(self) -> int | None:
+        return find_daemon("juicefs", self.mountpoint)
+
+    def _unmount(self) -> None:
+        run_checked(["juicefs", "umount", str(self.mountpoint)])
 
 
 class S3fsMount(Mount):

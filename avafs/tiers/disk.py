@@ -3,7 +3,9 @@
 It survives unmount and crashes (users of gcsfuse and Mountpoint lose their caches on every
 remount). A block file is written to a temporary name and renamed into place before it is
 indexed, and the index records its size and CRC32, so a block torn by a crash is detected and
-dropped instead of served. Files the index does not know (a crash between rename and index
+dropped instead of served. Which clean blocks stay when the tier is full is its policy's
+choice: least recently used (`lru.py`) or, for datasets larger than the tier, least read with
+admission control (`frequency.py`). Files the index does not know (a crash between rename and index
 write) take disk space no cap accounts for; a background sweep at start removes them, sparing
 the blocks the mount writes meanwhile.
 """
@@ -15,19 +17,23 @@ import os
 import shutil
 import struct
 import threading
+import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rocksdict import Options, Rdict, WriteBatch
 
 from .block_files import BlockFileWriter
 from .blocks import BlockId
+from .frequency import FrequencyCache
 from .lru import CappedLRU, TierAccounting
 
 log = logging.getLogger(__name__)
 
-_RECORD = struct.Struct("<QIQ")  # size, crc32, access sequence
+_RECORD = struct.Struct("<QIQI")  # size, crc32, access sequence, reads (dataset policy)
+_RECORD_V1 = struct.Struct("<QIQ")
+"""Records written before reads were counted; such blocks come back with one read."""
 _ALLOCATION_UNIT = 4096
 BLOCKS_DIR = "blocks"
 
@@ -46,7 +52,11 @@ class DiskTier(TierAccounting):
     name = "disk"
 
     def __init__(self, root: Path, capacity: int, capacity_files: int, high: float,
-                 low: float) -> None:
+                 low: float, policy: str = "lru", recount_after: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`policy`: "lru", or "dataset" for reads of datasets larger than the tier
+        (`frequency.py`, which counts a block's reads once per `recount_after` seconds of
+        `clock`)."""
         self.root = root
         self._blocks_dir = root / BLOCKS_DIR
         self._tmp_dir = root / "tmp"
@@ -56,7 +66,9 @@ class DiskTier(TierAccounting):
         self._lock = threading.Lock()
         self._writer = BlockFileWriter()
         self._capacity = capacity
-        self._lru = CappedLRU(capacity, capacity_files, high, low)
+        self._lru = (FrequencyCache(capacity, capacity_files, high, low, capacity_files,
+                                    recount_after, clock)
+                     if policy == "dataset" else CappedLRU(capacity, capacity_files, high, low))
         self._records: dict[BlockId, tuple[int, int]] = {}  # size, crc32
         self._checked: set[BlockId] = set()
         """Blocks whose file this daemon wrote or has checked against its CRC: a crash that
@@ -74,10 +86,13 @@ class DiskTier(TierAccounting):
     def _load_index(self) -> None:
         records = []
         for raw_key, raw_value in self._index.items():
-            size, crc, sequence = _RECORD.unpack(raw_value)
-            records.append((sequence, BlockId.decode(raw_key.decode()), size, crc))
-        for _, block, size, crc in sorted(records, key=lambda record: record[0]):
-            self._lru.add(block, allocated(size))
+            if len(raw_value) == _RECORD_V1.size:
+                size, crc, sequence, reads = *_RECORD_V1.unpack(raw_value), 1
+            else:
+                size, crc, sequence, reads = _RECORD.unpack(raw_value)
+            records.append((sequence, BlockId.decode(raw_key.decode()), size, crc, reads))
+        for _, block, size, crc, reads in sorted(records, key=lambda record: record[0]):
+            self._lru.add(block, allocated(size), reads)
             self._records[block] = (size, crc)
         if records:
             log.info("disk tier: reusing %d cached blocks (%d bytes)", len(records),
@@ -156,11 +171,20 @@ class DiskTier(TierAccounting):
             self._lru.touch(block)
         return _relative_path(block)
 
-    def put(self, block: BlockId, data: bytes) -> None:
+    def touch(self, block: BlockId) -> bool:
+        """Whether the tier holds the block; a held one counts as read (a reader said it will
+        read it soon, and may do so in place, unseen)."""
+        with self._lock:
+            return block in self._records and self._lru.touch(block)
+
+    def put(self, block: BlockId, data: bytes, read: bool = True) -> None:
+        """Offers a block to the tier; `read` is False for a block that no read brought here
+        (demoted from RAM), which the policy must not count as read again."""
         size = allocated(len(data))
         path = self._path(block)
         with self._lock:
-            if block in self._records or not self._lru.fits(size):
+            if (block in self._records or not self._lru.fits(size)
+                    or not self._lru.admits(block, size, read)):
                 return
             victims = self._lru.victims_to_admit(size)
             self._forget(victims)
@@ -186,7 +210,8 @@ class DiskTier(TierAccounting):
             self._lru.unpin(block)
             self._records[block] = (len(data), crc)
             self._checked.add(block)
-            self._index[block.encode().encode()] = _RECORD.pack(len(data), crc, 0)
+            self._index[block.encode().encode()] = _RECORD.pack(len(data), crc, 0,
+                                                                self._lru.reads(block))
 
     def evict_to_low_watermark(self) -> int:
         with self._lock:
@@ -223,12 +248,14 @@ class DiskTier(TierAccounting):
             self._path(victim).unlink(missing_ok=True)
 
     def close(self) -> None:
-        """Record the LRU order, so the next mount evicts the same cold blocks first."""
+        """Record the LRU order and read counts, so the next mount evicts the same cold blocks
+        first (a crash loses them: blocks then come back in any order, with one read each)."""
         with self._lock:
             batch = WriteBatch(raw_mode=True)
             for sequence, block in enumerate(self._lru):
                 record = self._records.get(block)
                 if record is not None:
-                    batch.put(block.encode().encode(), _RECORD.pack(*record, sequence))
+                    batch.put(block.encode().encode(),
+                              _RECORD.pack(*record, sequence, self._lru.reads(block)))
             self._index.write(batch)
             self._index.close()

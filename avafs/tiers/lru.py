@@ -13,6 +13,8 @@ from collections.abc import Hashable, Iterator
 
 
 class CappedLRU:
+    policy = "lru"
+
     def __init__(self, capacity_bytes: int, capacity_entries: int,
                  high_watermark: float, low_watermark: float) -> None:
         self.capacity_bytes = capacity_bytes
@@ -38,7 +40,9 @@ class CappedLRU:
         self._sizes.move_to_end(key)
         return True
 
-    def add(self, key: Hashable, size: int) -> None:
+    def add(self, key: Hashable, size: int, reads: int | None = None) -> None:
+        """`reads`: a count of reads kept across a restart, for policies that count reads
+        (`frequency.py`); recency is all LRU keeps."""
         self.discard(key)
         self._sizes[key] = size
         self.used_bytes += size
@@ -55,6 +59,14 @@ class CappedLRU:
 
     def unpin(self, key: Hashable) -> None:
         self._pinned.discard(key)
+
+    def reads(self, key: Hashable) -> int:
+        """Reads counted for a resident: none, under LRU."""
+        return 0
+
+    def admits(self, key: Hashable, size: int, read: bool) -> bool:
+        """Whether a block may come in at all (evicting `victims_to_admit`): always, under LRU."""
+        return True
 
     def fits(self, size: int) -> bool:
         return size <= self.capacity_bytes
@@ -93,6 +105,10 @@ class TierAccounting:
     """What every tier reports about its size and watermarks, read off its CappedLRU."""
 
     _lru: CappedLRU
+
+    @property
+    def policy(self) -> str:
+        return self._lru.policy
 
     @property
     def used(self) -> int:

@@ -319,6 +319,15 @@ class TierStack:
         block = ref.block(index)
         return block in self.ram or (tier == "disk" and block in self.disk)
 
+    def cached_share(self, refs: list[ObjectRef]) -> float:
+        """The share of the objects' blocks that RAM or disk holds, for a reader about to read
+        them: blocks the disk tier holds count as read there (see `DiskTier.touch`)."""
+        blocks = [ref.block(index) for ref in refs for index in range(self.block_count(ref))]
+        if not blocks:
+            return 1.0
+        held = sum(self.disk.touch(block) or block in self.ram for block in blocks)
+        return held / len(blocks)
+
     def load(self, ref: ObjectRef, index: int, to_ram: bool, wait: bool = True) -> bool:
         """Bring one block into the cache for warmup and prefetch, in this thread (it waits
         for the block anyway, see `read`); False if no fetch slot was free and `wait` is
@@ -384,7 +393,7 @@ class TierStack:
         for demoted, demoted_data in self.ram.put(block, data):
             self.metrics.evictions.labels("ram").inc()
             if demoted not in self.disk:
-                self.disk.put(demoted, demoted_data)
+                self.disk.put(demoted, demoted_data, read=False)
         self._note_usage()
 
     def _note_usage(self) -> None:
@@ -401,7 +410,7 @@ class TierStack:
                 self.metrics.evictions.labels("ram").inc(len(demoted))
                 for block, data in demoted:
                     if block not in self.disk:
-                        self.disk.put(block, data)
+                        self.disk.put(block, data, read=False)
             if self.disk.above_high_watermark():
                 self.metrics.evictions.labels("disk").inc(self.disk.evict_to_low_watermark())
 

@@ -1,0 +1,220 @@
+"""Datasets larger than the cache: shuffled epochs through a DataLoader, per epoch.
+
+    python3 bench/dataset_cache.py [--disk-cache 64MiB] [--multiples 2 4]
+                                   [--sizes 1MiB 110KiB] [--epochs 4] [--runs 1]
+                                   [--systems avafs-lru avafs-dataset avafs-aware rclone juicefs]
+
+For each file size and each dataset size (a multiple of the disk cache), every system reads
+the dataset for `--epochs` shuffled epochs through a PyTorch DataLoader (the same sampler
+order for all: `AvaShuffleSampler`, seed 0), from a cold cache of `--disk-cache` bytes, with
+the page cache dropped before every epoch (`echo 3 > /proc/sys/vm/drop_caches`: run as root).
+Prints, per epoch, the hit ratio, 1 - (bytes the store sent) / (dataset bytes), counted by a
+TCP proxy in front of moto's S3 server, so that every system is measured alike, prefetches
+included; and samples per second. With `--runs N`, medians of N runs.
+
+Systems: avafs with `--cache-policy lru` (before issue 27), with `--cache-policy dataset`,
+and with `dataset` plus the adapters' `cache_aware=True`; rclone mount (`--vfs-cache-mode
+full --vfs-cache-max-size`); JuiceFS (`--cache-size`, its own format in the bucket, the
+dataset written through it first). A system whose binary is missing is skipped with a note.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common import median  # noqa: E402
+from mounts import AvafsMount, JuiceFsMount, Mount, RcloneMount, unmount_everything  # noqa: E402
+from s3server import BUCKET, CREDENTIALS, MotoServer, free_port  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+from adapters.torch import AvaMapDataset, AvaShuffleSampler  # noqa: E402
+from avafs.sizes import parse_size  # noqa: E402
+
+MiB = 2**20
+SYSTEMS = ("avafs-lru", "avafs-dataset", "avafs-aware", "rclone", "juicefs")
+RAM_CACHE = 32 * MiB
+"""avafs's RAM tier: small, so that across epochs the disk tier is what is measured; it holds
+the batches in flight (`WORKERS` x `BATCH` samples) and a few windows of prefetched samples."""
+WINDOW = 8
+"""The sampler's shuffle window: cache_aware hints a window's uncached samples at once."""
+WORKERS = 2
+BATCH = 4
+
+
+class CountingProxy:
+    """A TCP proxy to the store that counts the bytes the store sends back."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self._upstream = upstream_port
+        self._lock = threading.Lock()
+        self.received = 0
+        self._listener = socket.create_server(("127.0.0.1", free_port()))
+        self.endpoint = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True, name="proxy-accept").start()
+
+    def _accept(self) -> None:
+        while True:
+            client, _ = self._listener.accept()
+            upstream = socket.create_connection(("127.0.0.1", self._upstream))
+            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
+
+    def _pump(self, source: socket.socket, target: socket.socket, counted: bool) -> None:
+        try:
+            while data := source.recv(1 << 16):
+                target.sendall(data)
+                if counted:
+                    with self._lock:
+                        self.received += len(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, target):
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
+
+
+@dataclass(frozen=True)
+class Case:
+    size: int
+    multiple: int
+    files: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.multiple}x-{self.size // 1024}KiB"
+
+
+def drop_caches() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def upload(server: MotoServer, case: Case) -> None:
+    s3 = server.client()
+    for index in range(case.files):
+        s3.put_object(Bucket=BUCKET, Key=f"{case.name}/{index:06d}.bin",
+                      Body=os.urandom(case.size))
+
+
+def disk_used(directory: Path) -> int:
+    """Bytes the files under `directory` occupy, as `du` counts them."""
+    return sum(path.lstat().st_blocks * 512 for path in directory.rglob("*") if path.is_file())
+
+
+def epochs(mountpoint: Path, cache: Path, case: Case, proxy: CountingProxy, count: int,
+           on_avafs: bool, cache_aware: bool) -> list[tuple[float, float, int]]:
+    """(hit ratio, samples/s, bytes in the cache dir at its end) of each epoch."""
+    dataset = AvaMapDataset.from_prefix(mountpoint / case.name, require_mount=on_avafs)
+    assert len(dataset) == case.files, (len(dataset), case.files)
+    sampler = AvaShuffleSampler(dataset, seed=0, shuffle_window=WINDOW, cache_aware=cache_aware)
+    loader = DataLoader(dataset, batch_size=BATCH, sampler=sampler, num_workers=WORKERS,
+                        collate_fn=len)
+    results = []
+    for epoch in range(count):
+        sampler.set_epoch(epoch)
+        drop_caches()
+        before = proxy.received
+        started = time.perf_counter()
+        samples = sum(loader)
+        elapsed = time.perf_counter() - started
+        fetched = proxy.received - before
+        # HTTP headers make a cold epoch fetch a little more than the dataset: shown as 0.
+        results.append((max(0.0, 1 - fetched / (case.files * case.size)), samples / elapsed,
+                        disk_used(cache)))
+    return results
+
+
+def make_mount(system: str, proxy: CountingProxy, mountpoint: Path, disk_cache: int) -> Mount:
+    if system.startswith("avafs"):
+        policy = "lru" if system == "avafs-lru" else "dataset"
+        return AvafsMount(proxy, mountpoint, RAM_CACHE, disk_cache,
+                          ("--read-only", "--cache-policy", policy))
+    if system == "rclone":
+        return RcloneMount(proxy, mountpoint, ("--vfs-cache-max-size", f"{disk_cache // MiB}M",
+                                               "--vfs-cache-poll-interval", "1s", "--read-only"))
+    return JuiceFsMount(proxy, mountpoint, disk_cache, mountpoint.parent / "juicefs")
+
+
+def run(system: str, case: Case, proxy: CountingProxy, work: Path, disk_cache: int,
+        count: int) -> list[tuple[float, float, int]]:
+    mount = make_mount(system, proxy, work / "mnt", disk_cache)
+    cache = work / f"cache-{system}"
+    shutil.rmtree(cache, ignore_errors=True)
+    if isinstance(mount, JuiceFsMount):
+        mount.load(case.name, case.files, case.size)
+    mount.mount(cache)
+    try:
+        return epochs(mount.mountpoint, cache, case, proxy, count, system.startswith("avafs"),
+                      system == "avafs-aware")
+    finally:
+        mount.unmount()
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--disk-cache", default="64MiB")
+    parser.add_argument("--multiples", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--sizes", nargs="+", default=["1MiB", "110KiB"])
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    args = parser.parse_args()
+    disk_cache = parse_size(args.disk_cache)
+    os.environ.update(CREDENTIALS)
+    systems = [system for system in args.systems
+               if system.startswith("avafs") or shutil.which(system)]
+    for missing in set(args.systems) - set(systems):
+        print(f"{missing}: not installed, skipped")
+    cases = [Case(parse_size(size), multiple, multiple * disk_cache // parse_size(size))
+             for size in args.sizes for multiple in args.multiples]
+    work = Path(tempfile.mkdtemp(prefix="dataset-cache-bench-"))
+    server = MotoServer(work / "moto.log")
+    proxy = CountingProxy(server.port)
+    try:
+        server.client().create_bucket(Bucket=BUCKET)
+        print(f"disk cache {args.disk_cache}, {args.epochs} epochs, {WORKERS} DataLoader "
+              f"workers, batch {BATCH}, medians of {args.runs} run(s); per epoch: hit ratio / "
+              "samples/s / MiB in the cache dir at its end")
+        for case in cases:
+            upload(server, case)
+            print(f"\n{case.name}: {case.files} files, cache share "
+                  f"{disk_cache / (case.files * case.size):.2f}")
+            print(f"{'system':<15}" + "".join(f"{'epoch ' + str(e + 1):>24}"
+                                              for e in range(args.epochs)))
+            for system in systems:
+                try:
+                    runs = [run(system, case, proxy, work, disk_cache, args.epochs)
+                            for _ in range(args.runs)]
+                except RuntimeError as error:
+                    print(f"{system:<15} failed: {error}", flush=True)
+                    continue
+                cells = []
+                for epoch in range(args.epochs):
+                    hit, rate, used = (median([result[epoch][field] for result in runs])
+                                       for field in range(3))
+                    cells.append(f"{hit:.2f} / {rate:.0f} / {used / MiB:.0f}")
+                print(f"{system:<15}" + "".join(f"{cell:>24}" for cell in cells), flush=True)
+    finally:
+        unmount_everything()
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
