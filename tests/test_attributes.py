@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 from datasets import payload
-from support import run_avafs
+from support import run_avafs, unmount
 
 from avafs.client import Client
+from avafs.processes import wait_for_exit
 
 MiB = 2**20
 SET_NS = 1_600_000_000_123_456_000
@@ -76,6 +77,24 @@ def test_a_metadata_change_of_an_uploaded_file_sends_no_data(s3_server, bucket, 
     assert metadata["mode"] == str(stat.S_IFREG | 0o600)
     again = os.stat(_fresh_mount(s3_mount, mnt, "again") / "big.bin")
     assert (abs(again.st_mtime_ns - SET_NS) < 1000, stat.S_IMODE(again.st_mode)) == (True, 0o600)
+
+
+def test_a_change_of_attributes_survives_a_crash_before_it_reaches_the_store(s3_server, bucket,
+                                                                            s3_mount):
+    s3_server.client().put_object(Bucket=bucket, Key="clean.txt", Body=b"in the store")
+    mnt = s3_mount("--writeback-delay", "3600")
+    os.chmod(mnt / "clean.txt", 0o600)
+    (mnt / "dirty.txt").write_bytes(b"not uploaded")
+    os.utime(mnt / "dirty.txt", ns=(SET_NS, SET_NS))
+    pid = int(os.getxattr(mnt, "user.avafs.pid"))
+    os.kill(pid, 9)
+    wait_for_exit(pid, 30)
+    unmount(mnt)
+    mnt = s3_mount(mountpoint=mnt)
+    Client(mnt).flush()
+    assert _head(s3_server, bucket, "clean.txt")["Metadata"]["mode"] == \
+        str(stat.S_IFREG | 0o600)
+    assert _head(s3_server, bucket, "dirty.txt")["Metadata"]["mtime"] == "1600000000.123456000"
 
 
 def test_attributes_other_tools_wrote_are_read_back(s3_server, bucket, s3_mount):
