@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 ROOT_INODE = 1
 _NAME_MAX = 255
+_DESCRIBE_PAUSE = 10.0
+"""Seconds no file's attributes are read from the store after a read of them failed."""
 
 
 @dataclass(slots=True)
@@ -113,6 +115,7 @@ class Namespace:
         self._listings: dict[tuple[str, str], _Listing] = {}
         self._listing_loads: dict[tuple[str, str], Future[_Listing]] = {}
         self._reported: set[str] = set()
+        self._describe_paused_until = -math.inf
         self.single_source = set(stores) == {""}
         self._nodes[ROOT_INODE] = Node(ROOT_INODE, ROOT_INODE, "", "", "", None, math.inf, 1)
         if not self.single_source:
@@ -335,11 +338,20 @@ class Namespace:
     def describe(self, node: Node) -> ObjectInfo | None:
         """A file's metadata with its attributes (mtime, mode, owner) read from the object,
         one HEAD the first time they are needed; kept in the node (blocks). A file gone from
-        the store keeps what the listing said until its listing is fetched again."""
+        the store keeps what the listing said until its listing is fetched again. Reads of
+        cached files go on while the store is down: a failed HEAD shows the listing's
+        attributes, and no HEAD is tried for a while after one failed."""
         info = self.current_info(node)
-        if info is None or info.attrs is not None:
+        if info is None or info.attrs is not None or \
+                self._clock() < self._describe_paused_until:
             return info
-        found = self.stores[node.source].head(node.key)
+        try:
+            found = self.stores[node.source].head_quickly(node.key)
+        except StoreError as error:
+            self._describe_paused_until = self._clock() + _DESCRIBE_PAUSE
+            log.warning("cannot read the attributes of %s (%s); showing defaults for %.0fs",
+                        node.key, error, _DESCRIBE_PAUSE)
+            return info
         if found is None:
             return info
         listing = self._listings.get((node.source, parent_prefix(node.key)))

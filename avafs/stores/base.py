@@ -92,6 +92,12 @@ class ObjectStore(ABC):
     def head(self, key: str) -> ObjectInfo | None:
         """The object's current metadata, or None if there is no such object."""
 
+    def head_quickly(self, key: str) -> ObjectInfo | None:
+        """`head` for an answer the caller can do without (a file's attributes on its first
+        stat): few retries and short timeouts where the store has them, so a store that is
+        down costs a lookup about a second, not a minute."""
+        return self.head(key)
+
     @abstractmethod
     def get_range(self, key: str, start: int, length: int, etag: str) -> bytes:
         """`length` bytes from `start` of the version `etag`.

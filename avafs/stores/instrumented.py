@@ -48,6 +48,9 @@ class InstrumentedStore(ObjectStore, MultipartUploads):
     def head(self, key: str) -> ObjectInfo | None:
         return self._timed("head", lambda: self.inner.head(key))
 
+    def head_quickly(self, key: str) -> ObjectInfo | None:
+        return self._timed("head", lambda: self.inner.head_quickly(key))
+
     def get_range(self, key: str, start: int, length: int, etag: str) -> bytes:
         return self._timed("get", lambda: self.inner.get_range(key, start, length, etag))
 

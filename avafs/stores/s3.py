@@ -149,8 +149,14 @@ class S3Store(ObjectStore, MultipartUploads):
                 return Listing(prefixes, objects)
 
     def head(self, key: str) -> ObjectInfo | None:
+        return self._head(self._client, key)
+
+    def head_quickly(self, key: str) -> ObjectInfo | None:
+        return self._head(self._probe_client, key)
+
+    def _head(self, client, key: str) -> ObjectInfo | None:
         try:
-            reply = self._client.head_object(Bucket=self.bucket, Key=self.prefix + key)
+            reply = client.head_object(Bucket=self.bucket, Key=self.prefix + key)
         except botocore.exceptions.ClientError as error:
             if _code(error) in ("404", "NoSuchKey", "NotFound"):
                 return None
