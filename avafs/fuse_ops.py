@@ -27,6 +27,8 @@ import trio
 from .errors import ObjectChangedError, StoreError
 from .namespace import ROOT_INODE, Entry, Namespace, Node, valid_name
 from .options import MountOptions
+from .stores.base import ObjectInfo
+from .stores.metadata import Attrs
 from .tiers.blocks import block_span
 from .tiers.stack import ObjectRef, TierStack
 from .writeback.pending import DATA, Pending
@@ -97,8 +99,8 @@ class AvafsOperations(pyfuse3.Operations):
         self._next_fh = 0
         self._limiter = trio.CapacityLimiter(64)
         self._timeout = min(options.effective_metadata_ttl, _KERNEL_TIMEOUT_CAP)
-        self._uid = os.getuid()
-        self._gid = os.getgid()
+        self._uid = os.getuid() if options.uid is None else options.uid
+        self._gid = os.getgid() if options.gid is None else options.gid
         self._started_ns = time.time_ns()
 
     def _new_fh(self) -> int:
@@ -112,28 +114,49 @@ class AvafsOperations(pyfuse3.Operations):
     # --- attributes ------------------------------------------------------------------------
 
     def _attributes(self, node: Node) -> pyfuse3.EntryAttributes:
+        """A file's mode and owner are its object's where it names them, else the mount's
+        defaults. Attributes not read from the object yet (a readdir answers from the
+        listing) are given with no attribute timeout, so a stat comes back for them."""
         info = self.namespace.current_info(node)
+        kept = (info.attrs if info is not None else None) or Attrs()
         attrs = pyfuse3.EntryAttributes()
         attrs.st_ino = node.inode
         attrs.generation = 0
         attrs.entry_timeout = self._timeout
-        attrs.attr_timeout = self._timeout
-        attrs.st_uid = self._uid
-        attrs.st_gid = self._gid
+        attrs.attr_timeout = 0 if self._undescribed(info) else self._timeout
+        attrs.st_uid = self._uid if kept.uid is None else kept.uid
+        attrs.st_gid = self._gid if kept.gid is None else kept.gid
         attrs.st_blksize = 128 * 1024
         if info is None:
-            attrs.st_mode = stat.S_IFDIR | 0o755
+            attrs.st_mode = stat.S_IFDIR | self.options.dir_mode
             attrs.st_nlink = 1
             attrs.st_size = 0
             mtime_ns = self._started_ns
         else:
-            attrs.st_mode = stat.S_IFREG | 0o644
+            attrs.st_mode = stat.S_IFREG | (self.options.file_mode if kept.mode is None
+                                            else kept.mode)
             attrs.st_nlink = 1
             attrs.st_size = info.size
             mtime_ns = int(info.mtime * 1e9)
         attrs.st_blocks = -(-attrs.st_size // 512)
         attrs.st_atime_ns = attrs.st_mtime_ns = attrs.st_ctime_ns = mtime_ns
         return attrs
+
+    def _undescribed(self, info: ObjectInfo | None) -> bool:
+        """Whether a file's attributes must still be read from its object."""
+        return info is not None and info.attrs is None and not self.options.listing_attrs
+
+    async def _described(self, node: Node) -> pyfuse3.EntryAttributes:
+        """The node's attributes, its object's metadata read first where needed (one HEAD)."""
+        if self._undescribed(self.namespace.current_info(node)):
+            await self._info_with_attrs(node)
+        return self._attributes(node)
+
+    async def _info_with_attrs(self, node: Node) -> ObjectInfo | None:
+        info = self.namespace.current_info(node)
+        if info is not None and info.attrs is None:
+            info = await self._blocking(self.namespace.describe, node)
+        return info
 
     def _negative_entry(self) -> pyfuse3.EntryAttributes:
         attrs = pyfuse3.EntryAttributes()
@@ -155,10 +178,10 @@ class AvafsOperations(pyfuse3.Operations):
             node = self.namespace.child(parent, entry) if entry else None
         if node is None:
             return self._negative_entry()
-        return self._attributes(node)
+        return await self._described(node)
 
     async def getattr(self, inode: int, ctx=None) -> pyfuse3.EntryAttributes:
-        return self._attributes(self.namespace.node(inode))
+        return await self._described(self.namespace.node(inode))
 
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
         for inode, count in inode_list:
@@ -263,11 +286,14 @@ class AvafsOperations(pyfuse3.Operations):
         return OpenFile(fd=fd, pending=pending, writable=flags != os.O_RDONLY)
 
     async def _open_writer(self, node: Node, truncate: bool) -> OpenFile:
+        """Rewriting a file keeps its mode and owner, so they are read first if need be."""
         self._check_writable(node)
         base = None if truncate else await self._current_ref(node)
-        return await self._writer(node.source, node.key, base)
+        info = await self._info_with_attrs(node)
+        return await self._writer(node.source, node.key, base, info.attrs if info else None)
 
-    async def _writer(self, source: str, key: str, base: ObjectRef | None) -> OpenFile:
+    async def _writer(self, source: str, key: str, base: ObjectRef | None,
+                      attrs: Attrs | None) -> OpenFile:
         """A handle on the key's local data file, made from `base` unless it is None (a new
         or truncated file). With nothing to copy in there is nothing to wait for: the empty
         data file is made right here, as a read from the disk tier is. Without the thread
@@ -275,9 +301,10 @@ class AvafsOperations(pyfuse3.Operations):
         daemon CPU less each, and their writers took 15% less time."""
         if base is None:
             with _as_fuse_error():
-                pending = self.writeback.open_writer(source, key, None, True)
+                pending = self.writeback.open_writer(source, key, None, True, attrs)
         else:
-            pending = await self._blocking(self.writeback.open_writer, source, key, base, False)
+            pending = await self._blocking(self.writeback.open_writer, source, key, base, False,
+                                           attrs)
         try:
             return self._local_handle(pending, os.O_RDWR)
         except pyfuse3.FUSEError:
@@ -397,11 +424,20 @@ class AvafsOperations(pyfuse3.Operations):
         text = os.fsdecode(name)
         if not valid_name(text):
             raise pyfuse3.FUSEError(errno.EINVAL)
-        handle = await self._writer(parent.source, parent.key + text, None)
+        handle = await self._writer(parent.source, parent.key + text, None,
+                                    self._creator_attrs(parent.source, mode, ctx))
         node = self.namespace.child(parent, Entry(text, self.writeback.info(handle.pending)))
         fh = self._new_fh()
         self._open[fh] = handle
         return pyfuse3.FileInfo(fh=fh), self._attributes(node)
+
+    def _creator_attrs(self, source: str, mode: int, ctx: pyfuse3.RequestContext) -> Attrs:
+        """A new file keeps the mode it was created with, and its creator as owner where that
+        is not the mount's default owner (another user of an --allow-other mount) and the
+        store can keep it. Its group is the mount's, as in a set-group-ID directory: what a
+        pod's fsGroup expects."""
+        foreign = ctx.uid != self._uid and self.namespace.stores[source].keeps_owners()
+        return Attrs(mode=stat.S_IMODE(mode), uid=ctx.uid if foreign else None)
 
     def _check_writable_directory(self, directory: Node) -> None:
         if self.writeback is None:
@@ -412,8 +448,11 @@ class AvafsOperations(pyfuse3.Operations):
     async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes,
                       fields: pyfuse3.SetattrFields, fh: int | None,
                       ctx=None) -> pyfuse3.EntryAttributes:
-        """Size (truncate) and mtime are kept; mode and ownership are not stored in objects
-        and are ignored (documented)."""
+        """Size (truncate), and a file's mtime, mode and owner, which its object keeps in
+        its metadata (a file the store has gets them without sending its data again).
+        Directories are key prefixes with no metadata: their mtime is not kept, and a mode or
+        owner other than the mount's is refused with EPERM. The kernel has checked who may
+        change what (default_permissions)."""
         node = self.namespace.node(inode)
         if fields.update_size:
             handle = self._open.get(fh) if fh is not None else None
@@ -426,11 +465,35 @@ class AvafsOperations(pyfuse3.Operations):
                     await self._blocking(self.writeback.commit, handle.pending, handle.fd)
                 finally:
                     self._close(handle)
-        if fields.update_mtime and self.writeback is not None:
-            pending = self.writeback.get(node.source, node.key)
-            if pending is not None and pending.kind == DATA:
-                pending.mtime = attr.st_mtime_ns / 1e9
+        if node.is_dir:
+            self._check_directory_attributes(attr, fields)
+        elif fields.update_mtime or fields.update_mode or fields.update_uid or fields.update_gid:
+            await self._set_attributes(node, attr, fields)
         return self._attributes(node)
+
+    def _check_directory_attributes(self, attr: pyfuse3.EntryAttributes,
+                                    fields: pyfuse3.SetattrFields) -> None:
+        if (fields.update_mode and stat.S_IMODE(attr.st_mode) != self.options.dir_mode) or \
+                (fields.update_uid and attr.st_uid != self._uid) or \
+                (fields.update_gid and attr.st_gid != self._gid):
+            raise pyfuse3.FUSEError(errno.EPERM)
+
+    async def _set_attributes(self, node: Node, attr: pyfuse3.EntryAttributes,
+                              fields: pyfuse3.SetattrFields) -> None:
+        self._check_writable(node)
+        if (fields.update_uid or fields.update_gid) and \
+                not self.namespace.stores[node.source].keeps_owners():
+            raise pyfuse3.FUSEError(errno.EPERM)
+        info = await self._info_with_attrs(node)
+        if info is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        kept = info.attrs or Attrs()
+        mode = stat.S_IMODE(attr.st_mode) if fields.update_mode else kept.mode
+        uid = attr.st_uid if fields.update_uid else kept.uid
+        gid = attr.st_gid if fields.update_gid else kept.gid
+        mtime = attr.st_mtime_ns / 1e9 if fields.update_mtime else info.mtime
+        await self._blocking(self.writeback.set_attributes, node.source, node.key, info, mtime,
+                             Attrs(mode, uid, gid))
 
     async def _truncate(self, handle: OpenFile, size: int) -> None:
         self.writeback.truncated(handle.pending, size)

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 ROOT_INODE = 1
 _NAME_MAX = 255
+_DESCRIBE_PAUSE = 10.0
+"""Seconds no file's attributes are read from the store after a read of them failed."""
 
 
 @dataclass(slots=True)
@@ -82,6 +84,15 @@ class _Listing:
             self._ordered = None
 
 
+def _richer(listed: ObjectInfo, known: ObjectInfo | None) -> ObjectInfo:
+    """A listing's entry, or what is known of the same version with its attributes read: a
+    listing carries no metadata, so listing a directory again must not forget them."""
+    if known is not None and known.attrs is not None and listed.attrs is None and \
+            known.etag == listed.etag and known.key == listed.key:
+        return known
+    return listed
+
+
 def valid_name(name: str) -> bool:
     return (name not in ("", ".", "..") and "\0" not in name
             and len(name.encode("utf-8", "surrogateescape")) <= _NAME_MAX)
@@ -104,6 +115,7 @@ class Namespace:
         self._listings: dict[tuple[str, str], _Listing] = {}
         self._listing_loads: dict[tuple[str, str], Future[_Listing]] = {}
         self._reported: set[str] = set()
+        self._describe_paused_until = -math.inf
         self.single_source = set(stores) == {""}
         self._nodes[ROOT_INODE] = Node(ROOT_INODE, ROOT_INODE, "", "", "", None, math.inf, 1)
         if not self.single_source:
@@ -123,7 +135,7 @@ class Namespace:
             if node is None or node.is_dir != entry.is_dir:
                 node = self._new_node(parent, entry)
             elif entry.info is not None and node.info != entry.info:
-                node.info = entry.info
+                node.info = _richer(entry.info, node.info)
             node.checked_at = self._clock()
             node.lookups += 1
             return node
@@ -320,8 +332,35 @@ class Namespace:
         if listing is not None:
             entry = listing.entries.get(node.name)
             if entry is not None and entry.info is not None and entry.info.key == node.key:
-                return entry.info
+                return _richer(entry.info, node.info)
         return node.info
+
+    def describe(self, node: Node) -> ObjectInfo | None:
+        """A file's metadata with its attributes (mtime, mode, owner) read from the object,
+        one HEAD the first time they are needed; kept in the node (blocks). A file gone from
+        the store keeps what the listing said until its listing is fetched again. Reads of
+        cached files go on while the store is down: a failed HEAD shows the listing's
+        attributes, and no HEAD is tried for a while after one failed."""
+        info = self.current_info(node)
+        if info is None or info.attrs is not None or \
+                self._clock() < self._describe_paused_until:
+            return info
+        try:
+            found = self.stores[node.source].head_quickly(node.key)
+        except StoreError as error:
+            self._describe_paused_until = self._clock() + _DESCRIBE_PAUSE
+            log.warning("cannot read the attributes of %s (%s); showing defaults for %.0fs",
+                        node.key, error, _DESCRIBE_PAUSE)
+            return info
+        if found is None:
+            return info
+        listing = self._listings.get((node.source, parent_prefix(node.key)))
+        with self._lock:
+            node.info = found
+            listed = listing.entries.get(node.name) if listing is not None else None
+            if listed is not None and listed.info is not None and listed.info.key == node.key:
+                listing.put(Entry(node.name, found))
+        return found
 
     def settled(self, source: str, key: str, info: ObjectInfo | None) -> None:
         """The store now has `info` for `key` (None: deleted); keep cached listings true."""
@@ -359,9 +398,14 @@ class Namespace:
                         other.key = new_key + other.key[len(old_key):]
 
     def revalidate(self, node: Node) -> ObjectInfo | None:
-        """Current metadata of a file whose cached copy is older than the TTL (blocks)."""
+        """Current metadata of a file whose cached copy is older than the TTL (blocks); a
+        file with a pending change is what the mount has, whatever the store says."""
         if node.info is None or self.is_fresh(node.checked_at):
             return node.info
+        if self.writeback is not None:
+            state = self.writeback.get(node.source, node.key)
+            if state is not None and state.kind != DELETED:
+                return self.writeback.info(state)
         info = self.stores[node.source].head(node.key)
         with self._lock:
             node.info = info or node.info

@@ -69,6 +69,23 @@ def _flag(value: Any) -> bool:
     raise ValueError(f"must be true or false, got {value!r}")
 
 
+def _id(value: Any) -> int:
+    number = _count(value)
+    if number >= 2**32 - 1:
+        raise ValueError(f"must be a user or group id below 4294967295, got {value!r}")
+    return number
+
+
+def _mode(value: Any) -> int:
+    """Octal permission bits as text ("0644", "644"); a YAML number is refused, because YAML
+    reads 0644 as octal but 644 as decimal, and a mode must not depend on a leading zero."""
+    text = value.strip().lower().removeprefix("0o") if isinstance(value, str) else ""
+    if not text or any(digit not in "01234567" for digit in text) or int(text, 8) > 0o777:
+        raise ValueError(f"must be octal permission bits between 000 and 777, such as 0644 "
+                         f"(quoted in YAML), got {value!r}")
+    return int(text, 8)
+
+
 def _choice(*allowed: str) -> Callable[[Any], str]:
     def parse(value: Any) -> str:
         text = str(value).strip().lower()
@@ -155,6 +172,18 @@ MOUNT_OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("region", _text, None, "S3 region (default: the AWS configuration's)", metavar="REGION"),
     OptionSpec("allow_other", _flag, False, "let users other than the mounting one use the mount",
                is_flag=True),
+    OptionSpec("uid", _id, None, "owner of files and directories whose object names none "
+               "(default: the mounting user)", metavar="UID"),
+    OptionSpec("gid", _id, None, "group of files and directories whose object names none "
+               "(default: the mounting user's group)", metavar="GID"),
+    OptionSpec("file_mode", _mode, 0o644, "permissions of files whose object names none "
+               "(default 0644)", metavar="MODE"),
+    OptionSpec("dir_mode", _mode, 0o755, "permissions of directories (default 0755)",
+               metavar="MODE"),
+    OptionSpec("listing_attrs", _flag, False,
+               "take attributes from listings alone: no HEAD per file on its first stat, "
+               "mtimes are the store's write times and modes/owners the defaults (datasets)",
+               is_flag=True),
     OptionSpec("metrics_addr", _address, None,
                "serve Prometheus metrics on HOST:PORT (default: off)", metavar="HOST:PORT"),
     OptionSpec("log_level", _choice("debug", "info", "warning", "error"), "info",
@@ -192,6 +221,11 @@ class MountOptions:
     endpoint_url: str | None
     region: str | None
     allow_other: bool
+    uid: int | None
+    gid: int | None
+    file_mode: int
+    dir_mode: int
+    listing_attrs: bool
     metrics_addr: tuple[str, int] | None
     log_level: str
     extra: dict[str, Any] = field(default_factory=dict)

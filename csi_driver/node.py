@@ -13,7 +13,7 @@ from .errors import failed_precondition, invalid_argument
 from .mounts import normalize
 from .proto import csi_pb2, csi_pb2_grpc
 from .rpc import csi_method
-from .volume_spec import parse_credentials, parse_volume_context
+from .volume_spec import parse_credentials, parse_volume_context, with_mount_group
 from .volumes import VolumeManager
 
 AccessMode = csi_pb2.VolumeCapability.AccessMode
@@ -22,6 +22,7 @@ NODE_CAPABILITIES = (
     csi_pb2.NodeServiceCapability.RPC.STAGE_UNSTAGE_VOLUME,
     csi_pb2.NodeServiceCapability.RPC.GET_VOLUME_STATS,
     csi_pb2.NodeServiceCapability.RPC.VOLUME_CONDITION,
+    csi_pb2.NodeServiceCapability.RPC.VOLUME_MOUNT_GROUP,
 )
 
 
@@ -73,6 +74,7 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         staging_path = _absolute_path(request.staging_target_path, "staging_target_path")
         read_only = _check_capability(request)
         spec, _ = parse_volume_context(request.volume_context, read_only)
+        spec = with_mount_group(spec, request.volume_capability.mount.volume_mount_group)
         if not self._allow_file_sources and any(url.startswith("file:") for url in spec.urls()):
             raise invalid_argument("file:// sources are disabled on this node (they would serve "
                                    "the plugin's own filesystem); start the plugin with "
@@ -101,7 +103,8 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         staging_path = _absolute_path(request.staging_target_path, "staging_target_path")
         sub_path = request.volume_context.get("subPath", "")
         self._volumes.publish(volume_id, staging_path, target_path, sub_path,
-                              request.volume_context, request.readonly)
+                              request.volume_context, request.readonly,
+                              request.volume_capability.mount.volume_mount_group)
         return csi_pb2.NodePublishVolumeResponse()
 
     @csi_method

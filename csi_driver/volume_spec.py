@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 from urllib.parse import urlsplit
 
@@ -68,6 +68,18 @@ def _seconds(value: str) -> str:
     return value
 
 
+def _id(value: str) -> str:
+    if not value.isdigit() or int(value) >= 2**32 - 1:
+        raise ValueError("expected a numeric user or group id, such as 1000")
+    return value
+
+
+def _mode(value: str) -> str:
+    if not value or any(digit not in "01234567" for digit in value) or int(value, 8) > 0o777:
+        raise ValueError("expected octal permission bits, such as \"0664\"")
+    return value
+
+
 def _choice(*allowed: str) -> Callable[[str], str]:
     def check(value: str) -> str:
         if value.lower() not in allowed:
@@ -104,10 +116,14 @@ VALUE_ATTRIBUTES: dict[str, Callable[[str], str]] = {
     "endpointUrl": _http_url,
     "region": _text,
     "logLevel": _choice("debug", "info", "warning", "error"),
+    "uid": _id,
+    "gid": _id,
+    "fileMode": _mode,
+    "dirMode": _mode,
 }
 """Attributes passed to `avafs mount` as `--flag VALUE`."""
 
-SWITCH_ATTRIBUTES = ("immutable", "readOnly")
+SWITCH_ATTRIBUTES = ("immutable", "readOnly", "listingAttrs")
 """Attributes passed to `avafs mount` as a bare `--flag` when "true"."""
 
 LAYOUT_ATTRIBUTES = ("source", "namespace", "subPath")
@@ -247,12 +263,32 @@ def parse_volume_context(context: Mapping[str, str], read_only: bool) -> tuple[V
             except ValueError as error:
                 raise invalid_argument(f"volumeAttributes.{name}: {error}, "
                                        f"got {context[name]!r}") from None
-    if "immutable" in context and _switch("immutable", context["immutable"]):
-        options["immutable"] = "true"
+    for name in ("immutable", "listingAttrs"):
+        if name in context and _switch(name, context[name]):
+            options[name] = "true"
     if "readOnly" in context and _switch("readOnly", context["readOnly"]):
         read_only = True
     spec = VolumeSpec(source=source, namespace=namespace, options=options, read_only=read_only)
     return spec, check_sub_path(context.get("subPath", ""))
+
+
+FS_GROUP_MODES = {"fileMode": "0664", "dirMode": "0775"}
+"""What kubelet would make of a volume for a pod's fsGroup (group-owned, group-writable), for
+modes the volume's attributes leave unset."""
+
+
+def with_mount_group(spec: VolumeSpec, group: str) -> VolumeSpec:
+    """The spec for a pod whose fsGroup kubelet delegates to the driver (`volume_mount_group`):
+    files owned by that group and writable by it, unless `gid` is a volume attribute, which
+    wins."""
+    if not group or "gid" in spec.options:
+        return spec
+    try:
+        _id(group)
+    except ValueError:
+        raise invalid_argument(f"volume_capability.mount.volume_mount_group: expected a "
+                               f"numeric group id, got {group!r}") from None
+    return replace(spec, options={**FS_GROUP_MODES, **spec.options, "gid": group})
 
 
 SECRET_KEYS = {

@@ -137,7 +137,9 @@ class VolumeManager:
         kill_daemon(record.cache_dir)
 
     def publish(self, volume_id: str, staging_path: str, target_path: str, sub_path: str,
-                volume_context: Mapping[str, str], readonly: bool) -> None:
+                volume_context: Mapping[str, str], readonly: bool, mount_group: str = "") -> None:
+        """`mount_group` is the pod's fsGroup: the one staged mount of the volume serves it
+        only if it was staged for the same group (or a `gid` attribute decides)."""
         with self._locked(volume_id):
             record = self._state.volume(volume_id)
             if record is None:
@@ -145,6 +147,12 @@ class VolumeManager:
             if record.staging_path != staging_path:
                 raise not_found(f"volume {volume_id} is staged at {record.staging_path}, "
                                 f"not at {staging_path}")
+            staged_group = record.spec.options.get("gid")
+            if mount_group and "gid" not in volume_context and staged_group != mount_group:
+                raise failed_precondition(
+                    f"volume {volume_id} is mounted on this node for group {staged_group} "
+                    f"and this pod's fsGroup is {mount_group}: pods sharing a volume on a "
+                    "node need the same fsGroup, or set the volume attribute gid")
             wanted = TargetRecord(target_path, resolve_sub_path(sub_path, volume_context),
                                   readonly)
             existing = self._state.target(volume_id, target_path)

@@ -31,7 +31,8 @@ class _Handler(socketserver.BaseRequestHandler):
                 upstream.sendall(self.request.recv(65536))
                 self.request.sendall(upstream.recv(CUT_AFTER))
                 return
-            pumps = [threading.Thread(target=_pump, args=(self.request, upstream), daemon=True),
+            pumps = [threading.Thread(target=_pump, args=(self.request, upstream, self.server),
+                                      daemon=True),
                      threading.Thread(target=_pump, args=(upstream, self.request), daemon=True)]
             for pump in pumps:
                 pump.start()
@@ -39,9 +40,14 @@ class _Handler(socketserver.BaseRequestHandler):
                 pump.join()
 
 
-def _pump(source: socket.socket, target: socket.socket) -> None:
+def _pump(source: socket.socket, target: socket.socket,
+          counter: FaultProxy | None = None) -> None:
+    """Relay until the source closes; bytes sent upstream are added to `counter`."""
     with contextlib.suppress(OSError):
         while data := source.recv(1 << 16):
+            if counter is not None:
+                with counter.lock:
+                    counter.upstream_bytes += len(data)
             target.sendall(data)
     with contextlib.suppress(OSError):
         target.shutdown(socket.SHUT_WR)
@@ -55,6 +61,9 @@ class FaultProxy(socketserver.ThreadingTCPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.upstream = ("127.0.0.1", upstream_port)
         self.mode = "pass"
+        self.lock = threading.Lock()
+        self.upstream_bytes = 0
+        """Bytes relayed from avafs to the server in "pass" mode: what uploads sent."""
         self.endpoint = f"http://127.0.0.1:{self.server_address[1]}"
         threading.Thread(target=self.serve_forever, daemon=True).start()
 

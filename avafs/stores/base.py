@@ -13,6 +13,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from .metadata import Attrs
+
 
 @dataclass(frozen=True, slots=True)
 class ObjectInfo:
@@ -20,6 +22,11 @@ class ObjectInfo:
     size: int
     etag: str
     mtime: float
+    """The file's modification time: the object's `mtime` metadata where it has one, else
+    the time the store wrote it."""
+    attrs: Attrs | None = None
+    """Mode and owner from the object's metadata; None where they were not read (a listing
+    carries no metadata), and then `mtime` is the store's write time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +76,10 @@ class ObjectStore(ABC):
         uploaded whole after it is closed."""
         return None
 
+    def keeps_owners(self) -> bool:
+        """Whether files may get any owner and group (`Attrs.uid`, `Attrs.gid`)."""
+        return True
+
     @abstractmethod
     def check(self) -> None:
         """Raise AvafsError with a user-facing message if the store cannot be used."""
@@ -80,6 +91,12 @@ class ObjectStore(ABC):
     @abstractmethod
     def head(self, key: str) -> ObjectInfo | None:
         """The object's current metadata, or None if there is no such object."""
+
+    def head_quickly(self, key: str) -> ObjectInfo | None:
+        """`head` for an answer the caller can do without (a file's attributes on its first
+        stat): few retries and short timeouts where the store has them, so a store that is
+        down costs a lookup about a second, not a minute."""
+        return self.head(key)
 
     @abstractmethod
     def get_range(self, key: str, start: int, length: int, etag: str) -> bytes:
@@ -101,18 +118,23 @@ class ObjectStore(ABC):
         return io.BytesIO(self.get_range(key, start, length, etag))
 
     @abstractmethod
-    def put(self, key: str, body: BinaryIO, size: int) -> ObjectInfo:
+    def put(self, key: str, body: BinaryIO, size: int, mtime: float | None = None,
+            attrs: Attrs | None = None) -> ObjectInfo:
         """Store `size` bytes read from `body` as `key`, atomically for readers: they see the
         old object or the whole new one. An exception raised by `body.read` aborts the upload
-        and leaves the old object. A key ending in '/' is a directory marker."""
+        and leaves the old object. A key ending in '/' is a directory marker. With `mtime`,
+        the object keeps it and `attrs` (metadata.py) as the file's attributes."""
 
     @abstractmethod
     def delete(self, key: str) -> None:
         """Remove `key`; removing a missing key is not an error."""
 
     @abstractmethod
-    def copy(self, source_key: str, key: str, etag: str) -> ObjectInfo:
-        """Server-side copy of version `etag` of `source_key` to `key`.
+    def copy(self, source_key: str, key: str, etag: str, mtime: float | None = None,
+             attrs: Attrs | None = None) -> ObjectInfo:
+        """Server-side copy of version `etag` of `source_key` to `key`: with the source's
+        attributes, or with `mtime` and `attrs` where given. A copy onto itself is how a file's
+        attributes change without sending its data again.
 
         Raises ObjectChangedError if the source is no longer that version.
         """

@@ -8,6 +8,7 @@ from typing import BinaryIO, TypeVar
 
 from ..metrics import Metrics
 from .base import Listing, MultipartUploads, ObjectInfo, ObjectStore, Part
+from .metadata import Attrs
 
 T = TypeVar("T")
 
@@ -35,6 +36,9 @@ class InstrumentedStore(ObjectStore, MultipartUploads):
         if failed:
             self._metrics.store_errors.labels(operation).inc()
 
+    def keeps_owners(self) -> bool:
+        return self.inner.keeps_owners()
+
     def check(self) -> None:
         self.inner.check()
 
@@ -43,6 +47,9 @@ class InstrumentedStore(ObjectStore, MultipartUploads):
 
     def head(self, key: str) -> ObjectInfo | None:
         return self._timed("head", lambda: self.inner.head(key))
+
+    def head_quickly(self, key: str) -> ObjectInfo | None:
+        return self._timed("head", lambda: self.inner.head_quickly(key))
 
     def get_range(self, key: str, start: int, length: int, etag: str) -> bytes:
         return self._timed("get", lambda: self.inner.get_range(key, start, length, etag))
@@ -63,14 +70,16 @@ class InstrumentedStore(ObjectStore, MultipartUploads):
     def open_range(self, key: str, start: int, length: int, etag: str) -> BinaryIO:
         return self._timed("get", lambda: self.inner.open_range(key, start, length, etag))
 
-    def put(self, key: str, body: BinaryIO, size: int) -> ObjectInfo:
-        return self._timed("put", lambda: self.inner.put(key, body, size))
+    def put(self, key: str, body: BinaryIO, size: int, mtime: float | None = None,
+            attrs: Attrs | None = None) -> ObjectInfo:
+        return self._timed("put", lambda: self.inner.put(key, body, size, mtime, attrs))
 
     def delete(self, key: str) -> None:
         self._timed("delete", lambda: self.inner.delete(key))
 
-    def copy(self, source_key: str, key: str, etag: str) -> ObjectInfo:
-        return self._timed("copy", lambda: self.inner.copy(source_key, key, etag))
+    def copy(self, source_key: str, key: str, etag: str, mtime: float | None = None,
+             attrs: Attrs | None = None) -> ObjectInfo:
+        return self._timed("copy", lambda: self.inner.copy(source_key, key, etag, mtime, attrs))
 
     def multipart(self) -> MultipartUploads | None:
         return self if self._parts is not None else None

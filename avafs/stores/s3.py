@@ -27,7 +27,9 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
 from ..errors import AvafsError, ObjectChangedError, StoreError
+from . import metadata
 from .base import Listing, MultipartUploads, ObjectInfo, ObjectStore, Part
+from .metadata import Attrs
 from .s3_lean import Changed, LeanRequests, sends_crc32
 
 log = logging.getLogger(__name__)
@@ -147,16 +149,23 @@ class S3Store(ObjectStore, MultipartUploads):
                 return Listing(prefixes, objects)
 
     def head(self, key: str) -> ObjectInfo | None:
+        return self._head(self._client, key)
+
+    def head_quickly(self, key: str) -> ObjectInfo | None:
+        return self._head(self._probe_client, key)
+
+    def _head(self, client, key: str) -> ObjectInfo | None:
         try:
-            reply = self._client.head_object(Bucket=self.bucket, Key=self.prefix + key)
+            reply = client.head_object(Bucket=self.bucket, Key=self.prefix + key)
         except botocore.exceptions.ClientError as error:
             if _code(error) in ("404", "NoSuchKey", "NotFound"):
                 return None
             raise StoreError(self._describe(error)) from None
         except botocore.exceptions.BotoCoreError as error:
             raise StoreError(self._describe(error)) from None
+        mtime, attrs = metadata.decode(reply.get("Metadata", {}))
         return ObjectInfo(key, reply["ContentLength"], _etag(reply["ETag"]),
-                          reply["LastModified"].timestamp())
+                          reply["LastModified"].timestamp() if mtime is None else mtime, attrs)
 
     def _lean_open(self, key: str, start: int, length: int, etag: str) -> BinaryIO | None:
         try:
@@ -226,20 +235,26 @@ class S3Store(ObjectStore, MultipartUploads):
             raise StoreError(self._describe(error)) from None
         return reply["Body"]
 
-    def put(self, key: str, body: BinaryIO, size: int) -> ObjectInfo:
+    def put(self, key: str, body: BinaryIO, size: int, mtime: float | None = None,
+            attrs: Attrs | None = None) -> ObjectInfo:
         """One PutObject below 64 MiB (its reply carries the ETag: one request per file, as
         checkpoints and logs are mostly small; the lean path first), managed multipart above;
         both are atomic for readers in S3."""
+        attrs = attrs or Attrs()
+        user = {} if mtime is None else metadata.encode(mtime, attrs)
         with self._store_errors():
             if size < _TRANSFER.multipart_threshold:
                 data = body.read()
-                etag = self._lean.put(self.prefix + key, data)
+                etag = self._lean.put(self.prefix + key, data, user)
                 if etag is None:
                     etag = _etag(self._client.put_object(Bucket=self.bucket,
                                                          Key=self.prefix + key,
-                                                         Body=data)["ETag"])
-                return ObjectInfo(key, size, etag, time.time())
-            self._client.upload_fileobj(body, self.bucket, self.prefix + key, Config=_TRANSFER)
+                                                         Body=data, Metadata=user)["ETag"])
+                if mtime is None:
+                    return ObjectInfo(key, size, etag, time.time())
+                return ObjectInfo(key, size, etag, mtime, attrs)
+            self._client.upload_fileobj(body, self.bucket, self.prefix + key, Config=_TRANSFER,
+                                        ExtraArgs={"Metadata": user})
         info = self.head(key)
         if info is None:
             raise StoreError(f"{self.url}{key} is missing right after its upload")
@@ -302,12 +317,24 @@ class S3Store(ObjectStore, MultipartUploads):
                 if _code(error) not in ("NoSuchUpload", "404"):
                     raise
 
-    def copy(self, source_key: str, key: str, etag: str) -> ObjectInfo:
-        """Managed copy (multipart above 64 MiB), only of the version that was renamed."""
+    def copy(self, source_key: str, key: str, etag: str, mtime: float | None = None,
+             attrs: Attrs | None = None) -> ObjectInfo:
+        """Managed copy (multipart above 64 MiB), only of the version that was renamed.
+
+        New attributes replace the metadata (MetadataDirective REPLACE, which S3 needs to copy
+        an object onto itself) merged over the source's, so what other tools keep there (a
+        checksum, a content type) stays."""
+        extra: dict[str, object] = {"CopySourceIfMatch": f'"{etag}"'}
         try:
+            if mtime is not None:
+                source = self._client.head_object(Bucket=self.bucket, Key=self.prefix + source_key,
+                                                  IfMatch=f'"{etag}"')
+                extra.update(MetadataDirective="REPLACE", Metadata={
+                    **source.get("Metadata", {}), **metadata.encode(mtime, attrs or Attrs())})
+                if "ContentType" in source:
+                    extra["ContentType"] = source["ContentType"]
             self._client.copy({"Bucket": self.bucket, "Key": self.prefix + source_key},
-                              self.bucket, self.prefix + key,
-                              ExtraArgs={"CopySourceIfMatch": f'"{etag}"'}, Config=_TRANSFER)
+                              self.bucket, self.prefix + key, ExtraArgs=extra, Config=_TRANSFER)
         except botocore.exceptions.ClientError as error:
             if _code(error) in ("PreconditionFailed", "412", "NoSuchKey", "404"):
                 raise ObjectChangedError(f"{self.url}{source_key} changed before its copy") \

@@ -143,16 +143,17 @@ class LeanRequests:
             method="GET", url=base + quote(key, safe="/~"), stream_output=True,
             headers={"Range": f"bytes={start}-{start + length - 1}", "If-Match": f'"{etag}"'})
 
-    def put(self, key: str, data: bytes) -> str | None:
-        """Store an object in one PutObject; its ETag, or None when the full client should
-        do it. The body's checksum lets the server refuse a body damaged on the way (over
+    def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> str | None:
+        """Store an object with user `metadata` in one PutObject; its ETag, or None when the
+        full client should do it. The body's checksum lets the server refuse a body damaged on the way (over
         HTTPS the SigV4 signature does not cover the payload)."""
         base = self._bucket_url()
         if base is None:
             return None
         response = self._send(AWSRequest(
             method="PUT", url=base + quote(key, safe="/~"), data=data,
-            headers={"Content-Length": str(len(data)), **self._body_checksum(data)}))
+            headers={"Content-Length": str(len(data)), **self._body_checksum(data),
+                     **{f"x-amz-meta-{name}": value for name, value in (metadata or {}).items()}}))
         if response is None or response.status_code != OK or "etag" not in response.headers:
             return None
         return response.headers["etag"].strip('"')

@@ -12,6 +12,7 @@ acknowledged it, whatever fails meanwhile.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import os
@@ -25,6 +26,7 @@ from pathlib import Path
 from ..errors import ObjectChangedError
 from ..metrics import Metrics
 from ..stores.base import ObjectInfo
+from ..stores.metadata import Attrs
 from ..tiers.disk import DiskTier, allocated
 from ..tiers.stack import ObjectRef, TierStack
 from .journal import Journal
@@ -196,13 +198,14 @@ class WriteBack:
 
     def info(self, entry: Pending) -> ObjectInfo:
         return ObjectInfo(entry.key, entry.size, f"avafs-local-{entry.seq}-{entry.generation}",
-                          entry.mtime)
+                          entry.mtime, entry.attrs or Attrs())
 
     # --- writing -------------------------------------------------------------------------------
 
     def open_writer(self, source: str, key: str, base: ObjectRef | None,
-                    truncate: bool) -> Pending:
-        """The DATA state of `key`, made from `base` (its current content) unless truncating.
+                    truncate: bool, attrs: Attrs | None = None) -> Pending:
+        """The DATA state of `key`, made from `base` (its current content) unless truncating,
+        with the file's attributes `attrs` (kept by a file already pending).
 
         Blocks while an existing object is copied in from the tiers.
         """
@@ -220,7 +223,7 @@ class WriteBack:
                     target.write(self.stack.read(base, offset, _COPY_IN_CHUNK))
         with self.lock:
             entry = self._next(source, key, DATA, file=name,
-                               size=0 if truncate or base is None else base.size)
+                               size=0 if truncate or base is None else base.size, attrs=attrs)
             entry.writers = 1
             entry.appended_to = entry.size
             self._index(entry)
@@ -310,6 +313,29 @@ class WriteBack:
         if closed_as_stored:
             self.on_settled(entry.source, entry.key, entry.stored_info)
 
+    def set_attributes(self, source: str, key: str, clean: ObjectInfo, mtime: float,
+                       attrs: Attrs) -> None:
+        """Give `key` a new mtime, mode or owner, durably. A pending change takes them along
+        (its upload starts over if one was under way, so the store never keeps the old ones);
+        a file the store has (`clean`, attributes read) is copied onto itself with them,
+        sending no data."""
+        with self.lock:
+            current = self._pending.get((source, key))
+            if current is not None and current.kind == DELETED:
+                raise FileNotFoundError(errno.ENOENT, f"{key} was deleted")
+            if current is None:
+                self._replace([self._next(source, key, COPY, size=clean.size, mtime=mtime,
+                                          attrs=attrs, copy_from=key, copy_etag=clean.etag)])
+                return
+            current.mtime, current.attrs = mtime, attrs
+            current.generation += 1
+            self._touch(current)
+            if not current.durable:
+                return  # its writer's close journals it
+            ticket = self.journal.submit([current])
+            self._wake_uploader()
+        self.journal.wait(ticket)
+
     @staticmethod
     def _stored(entry: Pending) -> bool:
         return entry.stored_generation == entry.generation
@@ -360,16 +386,19 @@ class WriteBack:
                 current = self._pending.get((source, old))
                 if current is not None and current.kind == DATA:
                     moved = self._next(source, new, DATA, file=current.file, size=current.size,
-                                       mtime=current.mtime)
+                                       mtime=current.mtime, attrs=current.attrs)
                     changes += [moved, self._next(source, old, DELETED)]
                 elif current is not None and current.kind == COPY:
+                    # A change of attributes copies `old` onto itself: the copy to `new` reads it.
                     changes += [self._next(source, new, COPY, size=current.size,
                                            mtime=current.mtime, copy_from=current.copy_from,
-                                           copy_etag=current.copy_etag),
-                                self._next(source, old, DELETED)]
+                                           copy_etag=current.copy_etag, attrs=current.attrs),
+                                self._next(source, old, DELETED, wait_for=(
+                                    (new,) if current.copy_from == old else ()))]
                 elif clean is not None:
                     changes += [self._next(source, new, COPY, size=clean.size, mtime=clean.mtime,
-                                           copy_from=old, copy_etag=clean.etag),
+                                           copy_from=old, copy_etag=clean.etag,
+                                           attrs=clean.attrs),
                                 self._next(source, old, DELETED, wait_for=(new,))]
             for old, new in sorted(markers, key=lambda marker: -marker[0].count("/")):
                 below = tuple(entry.key for entry in changes

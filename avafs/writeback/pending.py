@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ..stores.metadata import Attrs
+
 if TYPE_CHECKING:
     from ..stores.base import ObjectInfo
     from .streaming import Stream
@@ -35,6 +37,10 @@ class Pending:
     copy_from: str | None = None
     copy_etag: str | None = None
     wait_for: tuple[str, ...] = ()
+    attrs: Attrs | None = None
+    """Mode and owner the store must get with `mtime` (DATA: always, unset fields left out;
+    COPY: where not None, else the copy keeps the source's). A COPY onto its own key is a
+    change of attributes alone: the store copies the object onto itself."""
     # Not journaled: the state of this daemon's work on the entry.
     durable: bool = False
     writers: int = 0
@@ -66,12 +72,16 @@ class Pending:
             "size": self.size, "mtime": self.mtime, "file": self.file,
             "copy_from": self.copy_from, "copy_etag": self.copy_etag,
             "wait_for": list(self.wait_for),
+            "attrs": None if self.attrs is None else [self.attrs.mode, self.attrs.uid,
+                                                      self.attrs.gid],
         }).encode()
 
     @classmethod
     def from_record(cls, raw: bytes) -> Pending:
         fields = json.loads(raw)
         fields["wait_for"] = tuple(fields["wait_for"])
+        if fields.get("attrs") is not None:
+            fields["attrs"] = Attrs(*fields["attrs"])
         return cls(**fields, durable=True)
 
 

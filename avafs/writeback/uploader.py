@@ -17,6 +17,7 @@ import time
 from typing import BinaryIO
 
 from ..stores.base import ObjectStore
+from ..stores.metadata import Attrs
 from .manager import WriteBack
 from .pending import COPY, DATA, DELETED, Pending
 from .streaming import StreamUploads
@@ -99,17 +100,20 @@ class Uploader:
             store.delete(entry.key)
             return None
         if entry.kind == COPY:
-            return store.copy(entry.copy_from, entry.key, entry.copy_etag)
+            return store.copy(entry.copy_from, entry.key, entry.copy_etag,
+                              None if entry.attrs is None else entry.mtime, entry.attrs)
         assert entry.kind == DATA
+        attrs = entry.attrs or Attrs()
         if entry.stream is not None:
             info = self.streams.finish(entry, generation)
-            if info is not None:
-                return info
+            if info is not None:  # parts carry no metadata: the attributes follow in a copy
+                return store.copy(entry.key, entry.key, info.etag, entry.mtime, attrs)
         path = self.writeback.data_path(entry)
         if path is None:
             return store.put(entry.key, io.BytesIO(b""), 0)
         with open(path, "rb") as file:
-            return store.put(entry.key, GuardedReader(file, entry, generation), entry.size)
+            return store.put(entry.key, GuardedReader(file, entry, generation), entry.size,
+                             entry.mtime, attrs)
 
     def stop(self) -> None:
         self._stopping = True

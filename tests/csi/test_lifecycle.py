@@ -257,3 +257,36 @@ def test_publish_over_a_stale_mount_nobody_recorded(kubelet, file_volume, tmp_pa
     kubelet.publish("pv-1", target, file_volume)
     assert (target / "notes.txt").read_text() == "alice's notes\n"
     assert len(mountinfo.at(target)) == 1
+
+
+def _with_group(capability: csi_pb2.VolumeCapability, group: str) -> csi_pb2.VolumeCapability:
+    capability.mount.volume_mount_group = group
+    return capability
+
+
+def test_fs_group_of_the_pod_owns_the_volume_and_a_conflicting_one_is_refused(kubelet,
+                                                                             file_volume):
+    capabilities = kubelet.node.NodeGetCapabilities(csi_pb2.NodeGetCapabilitiesRequest())
+    assert csi_pb2.NodeServiceCapability.RPC.VOLUME_MOUNT_GROUP in \
+        [capability.rpc.type for capability in capabilities.capabilities]
+    staging = kubelet.staging_path("pv-group")
+    kubelet.node.NodeStageVolume(csi_pb2.NodeStageVolumeRequest(
+        volume_id="pv-group", staging_target_path=str(staging), volume_context=file_volume,
+        volume_capability=_with_group(kubelet.capability(), "4242")), timeout=150)
+    target = kubelet.target_path("pod-a", "pv-group")
+    publish = csi_pb2.NodePublishVolumeRequest(
+        volume_id="pv-group", staging_target_path=str(staging), target_path=str(target),
+        volume_context=file_volume, volume_capability=_with_group(kubelet.capability(), "4242"))
+    kubelet.node.NodePublishVolume(publish, timeout=150)
+
+    shown = os.stat(target)
+    assert (shown.st_gid, stat.S_IMODE(shown.st_mode)) == (4242, 0o775)
+    (target / "ckpt.txt").write_text("x")
+    assert os.stat(target / "ckpt.txt").st_gid == 4242
+
+    other = kubelet.target_path("pod-b", "pv-group")
+    publish.target_path = str(other)
+    publish.volume_capability.mount.volume_mount_group = "999"
+    error = rpc_error(lambda: kubelet.node.NodePublishVolume(publish, timeout=150))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "fsGroup is 999" in error.details()

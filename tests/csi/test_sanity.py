@@ -63,7 +63,8 @@ def test_node_capabilities(shared_kubelet):
     types = [capability.rpc.type for capability in response.capabilities]
     assert all(capability.WhichOneof("type") == "rpc" for capability in response.capabilities)
     assert set(types) <= set(RPC.Type.values())
-    assert set(types) == {RPC.STAGE_UNSTAGE_VOLUME, RPC.GET_VOLUME_STATS, RPC.VOLUME_CONDITION}
+    assert set(types) == {RPC.STAGE_UNSTAGE_VOLUME, RPC.GET_VOLUME_STATS, RPC.VOLUME_CONDITION,
+                          RPC.VOLUME_MOUNT_GROUP}
 
 
 def test_node_info(shared_kubelet):

@@ -16,6 +16,7 @@ from csi_driver.volume_spec import (
     parse_credentials,
     parse_volume_context,
     resolve_sub_path,
+    with_mount_group,
 )
 
 
@@ -75,3 +76,17 @@ def test_credentials_never_show_in_their_repr():
     for text in (repr(credentials), str(credentials)):
         assert "AKIAEXAMPLE" not in text and "s3cr3t" not in text and "t0ken" not in text
     assert parse_credentials({}) is None
+
+
+def test_owner_and_mode_attributes_and_the_pods_fs_group():
+    spec, _ = parse_volume_context({"source": "s3://b", "uid": "1000", "fileMode": "0640",
+                                    "listingAttrs": "true"}, read_only=False)
+    assert spec.mount_flags() == ["--file-mode", "0640", "--listing-attrs", "--uid", "1000"]
+    assert with_mount_group(spec, "2000").mount_flags() == [
+        "--dir-mode", "0775", "--file-mode", "0640", "--gid", "2000", "--listing-attrs",
+        "--uid", "1000"]
+    explicit, _ = parse_volume_context({"source": "s3://b", "gid": "7"}, read_only=False)
+    assert with_mount_group(explicit, "2000") == explicit
+    for attribute, value in (("fileMode", "0999"), ("uid", "-1"), ("dirMode", "rwx")):
+        with pytest.raises(CsiError, match=f"volumeAttributes.{attribute}"):
+            parse_volume_context({"source": "s3://b", attribute: value}, read_only=False)
