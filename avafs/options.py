@@ -29,6 +29,13 @@ def _positive_size(value: Any) -> int:
     return size
 
 
+def _timeout(value: Any) -> float:
+    number = float(value)
+    if not 0 < number < math.inf:
+        raise ValueError(f"must be a number of seconds above 0, got {value!r}")
+    return number
+
+
 def _fraction(value: Any) -> float:
     number = float(value)
     if not 0 < number <= 1:
@@ -150,6 +157,14 @@ MOUNT_OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("endpoint_url", _text, None,
                "S3 endpoint (default: AWS_ENDPOINT_URL or AWS itself)", metavar="URL"),
     OptionSpec("region", _text, None, "S3 region (default: the AWS configuration's)", metavar="REGION"),
+    OptionSpec("store_timeout", _timeout, 5.0,
+               "seconds an S3 request without data (LIST, HEAD, DELETE) may take before it is "
+               "retried, and that lookups wait for a store that does not answer before using "
+               "the cached listing (default 5)", metavar="SECONDS"),
+    OptionSpec("store_min_rate", _positive_size, 2**20,
+               "slowest transfer rate, per second, before an S3 data request is abandoned and "
+               "retried: a request of N bytes gets --store-timeout + N/RATE seconds "
+               "(default 1MiB)", metavar="SIZE"),
     OptionSpec("allow_other", _flag, False, "let users other than the mounting one use the mount",
                is_flag=True),
     OptionSpec("metrics_addr", _address, None,
@@ -187,6 +202,8 @@ class MountOptions:
     upload_concurrency: int
     endpoint_url: str | None
     region: str | None
+    store_timeout: float
+    store_min_rate: int
     allow_other: bool
     metrics_addr: tuple[str, int] | None
     log_level: str
