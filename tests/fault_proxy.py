@@ -10,7 +10,8 @@ mocked. Modes (set `mode` at any time; it applies to connections accepted from t
 - "503" (any 5xx code as text): answer every request with that status and an S3 error body.
 - "cut": relay the request, then only the first CUT_AFTER bytes of the answer, then close.
 
-`faults` counts the connections a fault was injected on (refused connects are not seen).
+`faults` counts the connections a fault was injected on (refused connects are not seen);
+`sent_upstream` the bytes relayed to the server (requests and uploaded data).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class FaultProxy:
         self.upstream = ("127.0.0.1", upstream_port)
         self.rate = rate
         self.faults = 0
+        self.sent_upstream = 0
         self._mode = "pass"
         self._lock = threading.Lock()
         self._closed = False
@@ -104,9 +106,9 @@ class FaultProxy:
                         upstream.sendall(client.recv(_CHUNK))
                         client.sendall(upstream.recv(CUT_AFTER))
                     return
-                pumps = [threading.Thread(target=self._pump, args=(client, upstream),
+                pumps = [threading.Thread(target=self._pump, args=(client, upstream, True),
                                           daemon=True),
-                         threading.Thread(target=self._pump, args=(upstream, client),
+                         threading.Thread(target=self._pump, args=(upstream, client, False),
                                           daemon=True)]
                 for pump in pumps:
                     pump.start()
@@ -136,13 +138,16 @@ class FaultProxy:
                            f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode()
                            + body)
 
-    def _pump(self, source: socket.socket, target: socket.socket) -> None:
+    def _pump(self, source: socket.socket, target: socket.socket, upward: bool) -> None:
         """Relay one direction; in "slow" mode at `rate` bytes per second, and in "hang" mode
         (switched on while the connection is open) not at all."""
         with contextlib.suppress(OSError):
             while data := source.recv(_CHUNK):
                 while self._mode == "hang" and not self._closed:
                     time.sleep(0.2)
+                if upward:
+                    with self._lock:
+                        self.sent_upstream += len(data)
                 if self._mode == "slow":
                     for start in range(0, len(data), max(1, self.rate // 10)):
                         piece = data[start:start + max(1, self.rate // 10)]

@@ -326,8 +326,14 @@ class S3Store(ObjectStore, MultipartUploads):
             raise self._failure(error, action) from None
 
     def delete(self, key: str) -> None:
+        """A 404 other than for the bucket (some stores answer so for keys they cannot hold)
+        leaves the key absent, which is what was asked."""
         with self._store_errors(f"DELETE of {key!r}"):
-            self._client.delete_object(Bucket=self.bucket, Key=self.prefix + key)
+            try:
+                self._client.delete_object(Bucket=self.bucket, Key=self.prefix + key)
+            except botocore.exceptions.ClientError as error:
+                if _status(error) != 404 or _code(error) == "NoSuchBucket":
+                    raise
 
     # --- part-by-part uploads --------------------------------------------------------------
 
