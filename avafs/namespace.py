@@ -7,10 +7,13 @@ trusted for `--metadata-ttl` seconds (forever with `--immutable`). Keys that can
 (`..`, empty segments, NUL, names over 255 bytes) are hidden and logged once, never followed.
 
 A store that does not answer never holds a lookup for long: listings are fetched by a pool of
-their own, and a caller waits for one at most `store_wait` seconds (less when the store is
-already known to be unreachable, or when another caller has been waiting for the same fetch).
-Then it gets the listing cached before, however old, while the fetch goes on and updates the
-cache when it ends. With no cached listing, a directory of a store that is unreachable
+their own, and a caller with nothing cached waits for one at most `store_wait` seconds. One
+with a listing cached before, however old, waits at most STALE_WAIT and then gets that listing
+(a directory this mount created and has not uploaded yet counts as listed: empty), while the fetch goes on and updates the
+cache when it ends: a path of several directories costs a few of these waits, not a few
+request limits. Callers of the same fetch share its wait, counted from the first; none waits
+for a store known to be unreachable (for longer than `store_wait` where nothing is cached: a
+blip must not make existing names read as absent). With no cached listing, a directory of a store that is unreachable
 (not one that refused) reads as holding nothing the mount did not write itself: the guess
 that lets `mkdir` and creating files go on during an outage; the store's own entries appear
 when it answers again.
@@ -38,6 +41,8 @@ log = logging.getLogger(__name__)
 ROOT_INODE = 1
 _NAME_MAX = 255
 _LISTERS = 8
+STALE_WAIT = 1.0
+"""Seconds a lookup waits for a fresh listing before it uses the stale one."""
 """Listings fetched at once; more wait in the pool's queue, their callers bounded as ever."""
 
 
@@ -197,8 +202,16 @@ class Namespace:
         return None if listing is None else self._with_pending(listing, source, prefix)
 
     def listing(self, source: str, prefix: str) -> _Listing:
-        """The directory as the mount shows it: the store's listing under pending writes."""
-        return self._with_pending(self._store_listing(source, prefix), source, prefix)
+        """The directory as the mount shows it: the store's listing under pending writes. A
+        directory this mount created while the store was unreachable lists what was written
+        in it; any other that cannot be listed raises."""
+        try:
+            listing = self._store_listing(source, prefix)
+        except ListingUnavailable:
+            if not self._created_here(source, prefix):
+                raise
+            listing = _Listing(self._clock())
+        return self._with_pending(listing, source, prefix)
 
     def _with_pending(self, listing: _Listing, source: str, prefix: str) -> _Listing:
         pending = self.writeback.children(source, prefix) if self.writeback else ()
@@ -236,22 +249,34 @@ class Namespace:
                 loading = self._listers.submit(self._load_listing, slot)
                 self._listing_loads[slot] = (started, loading)
             stale = self._listings.get(slot)
-        wait = self.store_wait - (self._clock() - started)
-        if stale is not None and self.stores[source].unreachable_since is not None:
+        short = stale is not None or self._created_here(source, prefix)
+        wait = min(STALE_WAIT, self.store_wait) if short else self.store_wait
+        wait -= self._clock() - started
+        down_since = self.stores[source].unreachable_since
+        if down_since is not None and (stale is not None
+                                       or self._clock() - down_since > self.store_wait):
             wait = 0.0
         try:
             return loading.result(timeout=max(0.0, wait))
         except (WaitTimeout, StoreError) as error:
             if isinstance(error, StoreError) and error.permanent and stale is None:
                 raise
-            failure = (f"{self.stores[source].url} did not answer a listing within "
-                       f"{self.store_wait:g}s" if isinstance(error, WaitTimeout) else str(error))
+            store = self.stores[source]
+            failure = str(error) if isinstance(error, StoreError) else (
+                f"{store.url} is unreachable ({store.last_error})" if store.unreachable_since
+                is not None else f"{store.url} did not answer a listing in time")
             if stale is None:
-                raise ListingUnavailable(f"cannot list {prefix or '/'}: {failure}") from None
-            log.warning("listing %r of %s failed (%s); serving the listing cached %.0fs ago",
-                        prefix or "/", self.stores[source].url, failure,
-                        self._clock() - stale.fetched_at)
+                raise ListingUnavailable(f"cannot list {prefix or '/'!r}: {failure}") from None
+            if wait > 0:  # the first caller of a fetch says it; the others follow quietly
+                log.warning("listing %r of %s failed (%s); serving the listing cached %.0fs "
+                            "ago", prefix or "/", self.stores[source].url, failure,
+                            self._clock() - stale.fetched_at)
             return stale
+
+    def _created_here(self, source: str, prefix: str) -> bool:
+        """Whether this mount made the directory and has yet to upload its marker."""
+        state = self.writeback.get(source, prefix) if self.writeback is not None else None
+        return state is not None and state.kind != DELETED
 
     def _load_listing(self, slot: tuple[str, str]) -> _Listing:
         """Fetch and cache a listing (in the lister pool); its fetch slot is freed however it
@@ -328,7 +353,8 @@ class Namespace:
         try:
             return self._store_listing(parent.source, parent.key).entries.get(name)
         except ListingUnavailable as error:
-            log.warning("%s; %r reads as absent until the store answers", error, name)
+            self._report(f"{parent.source}\0{parent.key}", f"{error}; names in it read as "
+                         "absent until the store answers, except what this mount writes")
             return None
 
     def _pending_child(self, parent: Node, name: str) -> Entry | None | bool:

@@ -1,6 +1,7 @@
 """A TCP proxy between avafs and the S3 server that injects network faults for real, not
-mocked. Modes (set `mode` at any time; it applies to connections accepted from then on, and
-"hang" also to exchanges in progress on kept-alive connections):
+mocked. Modes (set `mode` at any time; it applies to connections accepted from then on; "hang" and
+"slow" also to the connections being relayed, and a switch to any other fault resets those, so
+no kept-alive connection slips past it):
 
 - "pass": relay both ways.
 - "refuse": nothing listens on the port (connect() gets ECONNREFUSED).
@@ -37,6 +38,7 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._closed = False
         self._listener: socket.socket | None = None
+        self._relayed: set[socket.socket] = set()
         self._port = 0
         self._open_listener()
         self.endpoint = f"http://127.0.0.1:{self._port}"
@@ -49,6 +51,9 @@ class FaultProxy:
     def mode(self, mode: str) -> None:
         with self._lock:
             self._mode = mode
+            if mode not in ("pass", "hang", "slow"):
+                for connection in self._relayed:
+                    _reset(connection)
             if mode == "refuse":
                 self._close_listener()
             elif self._listener is None:
@@ -88,7 +93,7 @@ class FaultProxy:
             if mode != "pass":
                 self._count()
             if mode == "reset":
-                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                _reset(client)
                 return
             if mode == "hang":
                 self._hang(client)
@@ -106,6 +111,8 @@ class FaultProxy:
                         upstream.sendall(client.recv(_CHUNK))
                         client.sendall(upstream.recv(CUT_AFTER))
                     return
+                with self._lock:
+                    self._relayed.add(client)
                 pumps = [threading.Thread(target=self._pump, args=(client, upstream, True),
                                           daemon=True),
                          threading.Thread(target=self._pump, args=(upstream, client, False),
@@ -114,6 +121,8 @@ class FaultProxy:
                     pump.start()
                 for pump in pumps:
                     pump.join()
+                with self._lock:
+                    self._relayed.discard(client)
 
     def _hang(self, client: socket.socket) -> None:
         """Read whatever comes and never answer, until the client gives up or the proxy
@@ -162,3 +171,10 @@ class FaultProxy:
         self._closed = True
         with self._lock:
             self._close_listener()
+
+
+def _reset(connection: socket.socket) -> None:
+    """End the connection with a RST, as a crashed or rebooted server's kernel would."""
+    with contextlib.suppress(OSError):
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        connection.shutdown(socket.SHUT_RDWR)

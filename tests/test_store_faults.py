@@ -200,12 +200,16 @@ def test_writes_go_on_while_the_store_is_unreachable(s3_server, bucket, s3_mount
         (mnt / "elsewhere/new.txt").write_bytes(b"new")
 
     bounded(write_offline, "writing while the store refuses connections")
+    assert os.listdir(mnt / "ckpt") == ["step1.pt"]
     with pytest.raises(OSError) as appended:
         open(mnt / "elsewhere/log.txt", "a").close()
     assert appended.value.errno == errno.EIO
     with pytest.raises(OSError) as read:
         (mnt / "remote/old.bin").read_bytes()
     assert read.value.errno == errno.EIO
+    with pytest.raises(OSError) as append:
+        open(mnt / "remote/old.bin", "ab").close()
+    assert append.value.errno == errno.EIO
     assert unreachable(mnt)
     log = (tmp_path / "cache" / "avafs.log").read_text()
     assert f"cannot reach S3 endpoint {proxy.endpoint}" in log
