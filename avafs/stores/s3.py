@@ -35,12 +35,13 @@ log = logging.getLogger(__name__)
 
 _BODY_ERRORS = (
     botocore.exceptions.IncompleteReadError,
-    botocore.exceptions.ReadTimeoutError,
     botocore.exceptions.ResponseStreamingError,
     botocore.exceptions.ConnectionClosedError,
 )
 """A body that broke off after the store answered: read again (botocore retries requests, not
-the reading of their bodies). An endpoint that cannot be reached is botocore's to retry."""
+the reading of their bodies). An endpoint that cannot be reached is botocore's to retry, and a
+store that stops sending (a read timeout) is not asked again here: that is a hung store, whose
+reader gets EIO within the request limits instead of after many more of them."""
 _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403",
            "InvalidToken", "AllAccessDisabled"}
 _MISSING_BUCKET = {"NoSuchBucket", "404", "NotFound"}
@@ -53,7 +54,7 @@ _PERMANENT_CLIENT_ERRORS = (botocore.exceptions.NoCredentialsError,
 _ATTEMPTS = 3
 """Attempts per request, botocore's retries included: each is bounded by StoreLimits, and the
 callers retry on their own terms (the uploader forever, a lookup at its next call)."""
-_BODY_ATTEMPTS = 3
+_BODY_ATTEMPTS = 6
 _TRANSFER = TransferConfig(multipart_threshold=64 * 2**20, multipart_chunksize=8 * 2**20,
                            max_concurrency=8, use_threads=True)
 """Eight 8 MiB parts in flight (64 MiB of buffers per large upload, as four 16 MiB parts were):

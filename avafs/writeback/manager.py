@@ -253,6 +253,7 @@ class WriteBack:
                 self._stop_streaming(entry)
             entry.generation += 1
             entry.durable = False
+            entry.set_aside = None  # new content: the store gets a new chance
             entry.mtime = time.time()
             self._touch(entry)
             if end > entry.size:
@@ -280,6 +281,7 @@ class WriteBack:
                 entry.appended_to = min(entry.appended_to, size)
             entry.generation += 1
             entry.durable = False
+            entry.set_aside = None
             entry.mtime = time.time()
             self._touch(entry)
             self._resize(entry, size)
