@@ -159,8 +159,8 @@ MOUNT_OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("region", _text, None, "S3 region (default: the AWS configuration's)", metavar="REGION"),
     OptionSpec("store_timeout", _timeout, 5.0,
                "seconds an S3 request without data (LIST, HEAD, DELETE) may take before it is "
-               "retried, and that lookups wait for a store that does not answer before using "
-               "the cached listing (default 5)", metavar="SECONDS"),
+               "retried; also how long a lookup in a directory never listed waits for a store "
+               "that does not answer (default 5)", metavar="SECONDS"),
     OptionSpec("store_min_rate", _positive_size, 2**20,
                "slowest transfer rate, per second, before an S3 data request is abandoned and "
                "retried: a request of N bytes gets --store-timeout + N/RATE seconds "
