@@ -56,7 +56,7 @@ class Figures:
     cached_reads: int = 0
     wrong_reads: list[str] = field(default_factory=list)
     cold: dict[str, list[int]] = field(default_factory=dict)
-    """Reads of uncached files by fault: [answered, EIO]."""
+    """Reads of files not warmed beforehand, by fault: [answered, EIO]."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def timed(self, mode: str, operation) -> object:
@@ -187,7 +187,8 @@ def main() -> int:
     print(f"  written: {len(figures.written)} files, "
           f"{sum(map(len, figures.written.values())) / 2**20:.1f} MiB; lost or wrong in the "
           f"store: {len(lost)}")
-    print(f"  reads: {figures.cached_reads} of cached files; of uncached ones, answered/EIO: "
+    print(f"  reads: {figures.cached_reads} of warmed files; of the others (cached once read), "
+          "answered/EIO: "
           + ", ".join(f"{mode} {ok}/{eio}" for mode, (ok, eio) in figures.cold.items())
           + f"; wrong bytes: {len(figures.wrong_reads)}")
     print(f"  lookups and stats: {figures.lookups}; worst per fault: " + ", ".join(
