@@ -21,6 +21,7 @@ from .cache_dir import log_path, open_log_for_append, prepare_cache_dir
 from .client import Client
 from .config_file import load_config
 from .errors import AvafsError
+from .log_format import printable
 from .mounts import AVAFS_FSTYPE, is_dead, mount_at
 from .options import MOUNT_OPTIONS, MountOptions, build_mount_options, parse_option
 from .processes import wait_for_exit
@@ -287,14 +288,19 @@ def _flush_with_progress(client: Client) -> dict:
               flush=True)
 
     result = client.flush(progress=show)
-    if printed:
+    refused = result.get("set_aside", [])
+    for entry in refused:
+        path = "/".join(part for part in (str(client.mountpoint), entry["source"], entry["key"])
+                        if part)
+        print(f"avafs: not uploaded, the store refuses it (kept locally): {printable(path)}: "
+              f"{entry['error']}", file=sys.stderr)
+    if printed and not refused:
         print("flush: everything is in the store")
     return result
 
 
 def _flush(args: argparse.Namespace) -> int:
-    _flush_with_progress(Client(args.mountpoint))
-    return 0
+    return 1 if _flush_with_progress(Client(args.mountpoint)).get("set_aside") else 0
 
 
 def _status(args: argparse.Namespace) -> int:

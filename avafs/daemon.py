@@ -16,6 +16,7 @@ import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import prometheus_client
 import trio
@@ -36,12 +37,13 @@ from .file_reads import KEEP_LOCATIONS_FOR, FileReads
 from .fuse_ops import AvafsOperations
 from .in_place_watch import InPlaceWatch
 from .location_snapshot import LocationSnapshot
+from .log_format import EscapingFormatter
 from .metrics import Metrics
 from .mounts import AVAFS_FSTYPE, mount_at
 from .namespace import Namespace
 from .options import MountOptions
 from .status import RecentErrors, build_status
-from .stores import open_store
+from .stores import StoreLimits, open_store
 from .stores.instrumented import InstrumentedStore
 from .tiers.disk import DiskTier
 from .tiers.ram import RamTier
@@ -59,8 +61,9 @@ def setup_logging(options: MountOptions, foreground: bool) -> None:
     handlers: list[logging.Handler] = [handler]
     if foreground and sys.stderr.isatty():
         handlers.append(logging.StreamHandler())
-    logging.basicConfig(level=options.log_level.upper(), handlers=handlers, force=True,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for each in handlers:
+        each.setFormatter(EscapingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=options.log_level.upper(), handlers=handlers, force=True)
     for noisy in ("botocore", "urllib3", "boto3"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.root.level))
 
@@ -88,7 +91,9 @@ class Filesystem:
         logging.getLogger().addHandler(self.recent_errors)
         self.metrics = Metrics()
         self.stores = {
-            name: InstrumentedStore(open_store(url, options.endpoint_url, options.region),
+            name: InstrumentedStore(open_store(url, options.endpoint_url, options.region,
+                                               limits=StoreLimits(options.store_timeout,
+                                                                  options.store_min_rate)),
                                     self.metrics)
             for name, url in options.sources.items()
         }
@@ -108,7 +113,8 @@ class Filesystem:
                                        self.metrics,
                                        int(options.disk_cache * options.dirty_high_watermark),
                                        options.writeback == "sync", options.writeback_delay)
-        self.namespace = Namespace(self.stores, options.effective_metadata_ttl, self.writeback)
+        self.namespace = Namespace(self.stores, options.effective_metadata_ttl, self.writeback,
+                                   options.store_timeout)
         self.in_place = InPlaceWatch(options.cache_dir)
         self.locations = LocationSnapshot(options.cache_dir / LOCATIONS_FILE)
         self.namespace.on_changed = self.in_place.changed
@@ -150,9 +156,9 @@ class Filesystem:
             lambda: sum(job.finished_at is None for job in self.warmups.running()))
         metrics.prefetch_pending.set_function(lambda: self.prefetcher.pending)
 
-    def dirty_status(self) -> dict[str, int]:
+    def dirty_status(self) -> dict[str, Any]:
         if self.writeback is None:
-            return {"bytes": 0, "files": 0, "upload_queue": 0, "uploading": 0}
+            return {"bytes": 0, "files": 0, "upload_queue": 0, "uploading": 0, "set_aside": []}
         return self.writeback.status()
 
     def _flush(self, request: dict, progress: Progress) -> dict:

@@ -11,7 +11,16 @@ class AvafsError(Exception):
 
 
 class StoreError(AvafsError):
-    """The object store refused or failed a request after retries."""
+    """The object store refused or failed a request after retries.
+
+    `permanent` tells a refusal that repeating the same request cannot change (a 4xx such as
+    access denied or a key the store does not accept) from a failure that may pass (5xx,
+    timeouts, resets, an unreachable endpoint): write-back sets a permanently refused upload
+    aside instead of retrying it forever."""
+
+    def __init__(self, message: str, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
 
 
 class ObjectChangedError(StoreError):

@@ -177,7 +177,10 @@ class AvafsOperations(pyfuse3.Operations):
         else:
             node = self.namespace.child(parent, entry) if entry else None
         if node is None:
-            return self._negative_entry()
+            negative = self._negative_entry()
+            if self.namespace.absence_guessed(parent, text):
+                negative.entry_timeout = 0  # guessed while the store is unreachable: ask again
+            return negative
         return await self._described(node)
 
     async def getattr(self, inode: int, ctx=None) -> pyfuse3.EntryAttributes:
@@ -424,6 +427,11 @@ class AvafsOperations(pyfuse3.Operations):
         text = os.fsdecode(name)
         if not valid_name(text):
             raise pyfuse3.FUSEError(errno.EINVAL)
+        if not flags & (os.O_TRUNC | os.O_EXCL) and self.namespace.absence_guessed(parent, text):
+            log.error("cannot tell whether %r exists in %s, which does not answer: only "
+                      "O_TRUNC or O_EXCL creates are taken until it does", parent.key + text,
+                      self.namespace.stores[parent.source].url)
+            raise pyfuse3.FUSEError(errno.EIO)
         handle = await self._writer(parent.source, parent.key + text, None,
                                     self._creator_attrs(parent.source, mode, ctx))
         node = self.namespace.child(parent, Entry(text, self.writeback.info(handle.pending)))

@@ -42,6 +42,12 @@ class Metrics:
                                   registry=r)
         self.upload_failures = Counter("avafs_upload_failures", "Upload attempts that failed "
                                        "(each is retried)", registry=r)
+        self.uploads_set_aside = Gauge("avafs_uploads_set_aside", "Pending changes the store "
+                                       "refused for good, kept locally until 'avafs flush' or "
+                                       "the next mount tries them again", registry=r)
+        self.store_unreachable = Gauge("avafs_store_unreachable", "1 while a store fails "
+                                       "every request in a way that may pass", ["store"],
+                                       registry=r)
         # Children looked up once: labels() costs microseconds, and reads count every block.
         self.tier_hits = {tier: self.hits.labels(tier) for tier in TIERS}
         self.served_from = {source: self.bytes_served.labels(source)

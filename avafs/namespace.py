@@ -5,6 +5,18 @@ unit of caching: a lookup is answered from the parent's cached listing (negative
 so walking a directory costs one paginated LIST, not one request per file, and the listing is
 trusted for `--metadata-ttl` seconds (forever with `--immutable`). Keys that cannot be paths
 (`..`, empty segments, NUL, names over 255 bytes) are hidden and logged once, never followed.
+
+A store that does not answer never holds a lookup for long: listings are fetched by a pool of
+their own, and a caller with nothing cached waits for one at most `store_wait` seconds. One
+with a listing cached before, however old, waits at most STALE_WAIT and then gets that listing
+(a directory this mount created and has not uploaded yet counts as listed: empty), while the fetch goes on and updates the
+cache when it ends: a path of several directories costs a few of these waits, not a few
+request limits. Callers of the same fetch share its wait, counted from the first; none waits
+for a store known to be unreachable (for longer than `store_wait` where nothing is cached: a
+blip must not make existing names read as absent). With no cached listing, a directory of a store that is unreachable
+(not one that refused) reads as holding nothing the mount did not write itself: the guess
+that lets `mkdir` and creating files go on during an outage; the store's own entries appear
+when it answers again.
 """
 
 from __future__ import annotations
@@ -14,7 +26,8 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as WaitTimeout
 from dataclasses import dataclass, field
 
 from .errors import StoreError
@@ -29,6 +42,15 @@ ROOT_INODE = 1
 _NAME_MAX = 255
 _DESCRIBE_PAUSE = 10.0
 """Seconds no file's attributes are read from the store after a read of them failed."""
+_LISTERS = 8
+"""Listings fetched at once; more wait in the pool's queue, their callers bounded as ever."""
+STALE_WAIT = 1.0
+"""Seconds a lookup waits for a fresh listing before it uses the stale one."""
+
+
+class ListingUnavailable(StoreError):
+    """A directory's listing could not be had from a store that does not answer, and none is
+    cached (transient: a later lookup asks again)."""
 
 
 @dataclass(slots=True)
@@ -100,12 +122,14 @@ def valid_name(name: str) -> bool:
 
 class Namespace:
     def __init__(self, stores: dict[str, ObjectStore], ttl: float,
-                 writeback: WriteBack | None = None,
+                 writeback: WriteBack | None = None, store_wait: float = 5.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.stores = stores
         self.writeback = writeback
         self.ttl = ttl
+        self.store_wait = store_wait
         self._clock = clock
+        self._listers = ThreadPoolExecutor(_LISTERS, thread_name_prefix="avafs-list")
         self.on_changed: Callable[[str, str], None] = lambda source, key: None
         """Called with (source, key) when a settled upload changes a cached listing."""
         self._lock = threading.Lock()
@@ -113,7 +137,8 @@ class Namespace:
         self._children: dict[tuple[int, str], int] = {}
         self._next_inode = ROOT_INODE + 1
         self._listings: dict[tuple[str, str], _Listing] = {}
-        self._listing_loads: dict[tuple[str, str], Future[_Listing]] = {}
+        self._listing_loads: dict[tuple[str, str], tuple[float, Future[_Listing]]] = {}
+        """Fetches in flight, by directory, with the time their first caller began waiting."""
         self._reported: set[str] = set()
         self._describe_paused_until = -math.inf
         self.single_source = set(stores) == {""}
@@ -189,8 +214,16 @@ class Namespace:
         return None if listing is None else self._with_pending(listing, source, prefix)
 
     def listing(self, source: str, prefix: str) -> _Listing:
-        """The directory as the mount shows it: the store's listing under pending writes."""
-        return self._with_pending(self._store_listing(source, prefix), source, prefix)
+        """The directory as the mount shows it: the store's listing under pending writes. A
+        directory this mount created while the store was unreachable lists what was written
+        in it; any other that cannot be listed raises."""
+        try:
+            listing = self._store_listing(source, prefix)
+        except ListingUnavailable:
+            if not self._created_here(source, prefix):
+                raise
+            listing = _Listing(self._clock())
+        return self._with_pending(listing, source, prefix)
 
     def _with_pending(self, listing: _Listing, source: str, prefix: str) -> _Listing:
         pending = self.writeback.children(source, prefix) if self.writeback else ()
@@ -214,38 +247,66 @@ class Namespace:
         return Entry(name, self.writeback.info(state))
 
     def _store_listing(self, source: str, prefix: str) -> _Listing:
-        """The store's listing of a directory, fetched when stale (blocks)."""
+        """The store's listing of a directory, fetched when stale (blocks, boundedly: see the
+        module's docstring). Raises ListingUnavailable when the store does not answer and
+        nothing is cached, StoreError when it refuses."""
         cached = self._fresh_store_listing(source, prefix)
         if cached is not None:
             return cached
         slot = (source, prefix)
         with self._lock:
-            loading = self._listing_loads.get(slot)
-            owner = loading is None
-            if owner:
-                loading = self._listing_loads[slot] = Future()
-        if not owner:
-            return loading.result()
+            started, loading = self._listing_loads.get(slot, (None, None))
+            if loading is None:
+                started = self._clock()
+                loading = self._listers.submit(self._load_listing, slot)
+                self._listing_loads[slot] = (started, loading)
+            stale = self._listings.get(slot)
+        short = stale is not None or self._created_here(source, prefix)
+        wait = min(STALE_WAIT, self.store_wait) if short else self.store_wait
+        wait -= self._clock() - started
+        down_since = self.stores[source].unreachable_since
+        if down_since is not None and (stale is not None
+                                       or self._clock() - down_since > self.store_wait):
+            wait = 0.0
         try:
-            try:
-                listing = self._fetch_listing(source, prefix)
-            except StoreError:
-                stale = self._listings.get(slot)
-                if stale is None:
-                    raise
-                log.warning("listing %s of %s failed; serving the listing cached %.0fs ago",
-                            prefix or "/", self.stores[source].url, self._clock() - stale.fetched_at)
-                listing = stale
+            return loading.result(timeout=max(0.0, wait))
+        except (WaitTimeout, StoreError) as error:
+            if isinstance(error, StoreError) and error.permanent and stale is None:
+                raise
+            store = self.stores[source]
+            failure = str(error) if isinstance(error, StoreError) else (
+                f"{store.url} is unreachable ({store.last_error})" if store.unreachable_since
+                is not None else f"{store.url} did not answer a listing in time")
+            if stale is None:
+                raise ListingUnavailable(f"cannot list {prefix or '/'!r}: {failure}") from None
+            if wait > 0:  # the first caller of a fetch says it; the others follow quietly
+                log.warning("listing %r of %s failed (%s); serving the listing cached %.0fs "
+                            "ago", prefix or "/", self.stores[source].url, failure,
+                            self._clock() - stale.fetched_at)
+            return stale
+
+    def _created_here(self, source: str, prefix: str) -> bool:
+        """Whether this mount made the directory and has yet to upload its marker."""
+        state = self.writeback.get(source, prefix) if self.writeback is not None else None
+        return state is not None and state.kind != DELETED
+
+    def _load_listing(self, slot: tuple[str, str]) -> _Listing:
+        """Fetch and cache a listing (in the lister pool); its fetch slot is freed however it
+        ends, so the next caller after a failure asks the store again."""
+        try:
+            listing = self._fetch_listing(*slot)
             with self._lock:
                 self._listings[slot] = listing
-            loading.set_result(listing)
             return listing
-        except BaseException as error:
-            loading.set_exception(error)
-            raise
         finally:
             with self._lock:
                 self._listing_loads.pop(slot, None)
+
+    def absence_guessed(self, parent: Node, name: str) -> bool:
+        """Whether `name` reads as absent only because its directory could not be listed (the
+        store unreachable, no listing ever cached) and the mount wrote nothing under it."""
+        return (self._pending_child(parent, name) is False
+                and (parent.source, parent.key) not in self._listings)
 
     def _fetch_listing(self, source: str, prefix: str) -> _Listing:
         fetched_at = self._clock()
@@ -295,11 +356,18 @@ class Namespace:
         return False if listing is None else listing.entries.get(name)
 
     def entry(self, parent: Node, name: str) -> Entry | None:
-        """The child `name`, or None; lists the parent if its listing is stale (blocks)."""
+        """The child `name`, or None; lists the parent if its listing is stale (blocks).
+        When the store cannot be reached and the parent was never listed, None is a guess
+        (`absence_guessed` tells)."""
         found = self._pending_child(parent, name)
         if found is not False:
             return found
-        return self._store_listing(parent.source, parent.key).entries.get(name)
+        try:
+            return self._store_listing(parent.source, parent.key).entries.get(name)
+        except ListingUnavailable as error:
+            self._report(f"{parent.source}\0{parent.key}", f"{error}; names in it read as "
+                         "absent until the store answers, except what this mount writes")
+            return None
 
     def _pending_child(self, parent: Node, name: str) -> Entry | None | bool:
         if self.writeback is None or (parent.inode == ROOT_INODE and not self.single_source):
@@ -399,14 +467,25 @@ class Namespace:
 
     def revalidate(self, node: Node) -> ObjectInfo | None:
         """Current metadata of a file whose cached copy is older than the TTL (blocks); a
-        file with a pending change is what the mount has, whatever the store says."""
+        file with a pending change is what the mount has, whatever the store says; the cached
+        metadata, stale, when the store does not answer (a refusal is raised)."""
         if node.info is None or self.is_fresh(node.checked_at):
             return node.info
         if self.writeback is not None:
             state = self.writeback.get(node.source, node.key)
             if state is not None and state.kind != DELETED:
                 return self.writeback.info(state)
-        info = self.stores[node.source].head(node.key)
+        store = self.stores[node.source]
+        try:
+            if store.unreachable_since is not None:
+                raise StoreError(f"{store.url} is unreachable")
+            info = store.head(node.key)
+        except StoreError as error:
+            if error.permanent:
+                raise
+            log.warning("%s; using the metadata of %r cached %.0fs ago", error, node.key,
+                        self._clock() - node.checked_at)
+            return node.info
         with self._lock:
             node.info = info or node.info
             node.checked_at = self._clock()

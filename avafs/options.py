@@ -29,6 +29,13 @@ def _positive_size(value: Any) -> int:
     return size
 
 
+def _timeout(value: Any) -> float:
+    number = float(value)
+    if not 0 < number < math.inf:
+        raise ValueError(f"must be a number of seconds above 0, got {value!r}")
+    return number
+
+
 def _fraction(value: Any) -> float:
     number = float(value)
     if not 0 < number <= 1:
@@ -170,6 +177,14 @@ MOUNT_OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("endpoint_url", _text, None,
                "S3 endpoint (default: AWS_ENDPOINT_URL or AWS itself)", metavar="URL"),
     OptionSpec("region", _text, None, "S3 region (default: the AWS configuration's)", metavar="REGION"),
+    OptionSpec("store_timeout", _timeout, 5.0,
+               "seconds an S3 request without data (LIST, HEAD, DELETE) may take before it is "
+               "retried; also how long a lookup in a directory never listed waits for a store "
+               "that does not answer (default 5)", metavar="SECONDS"),
+    OptionSpec("store_min_rate", _positive_size, 2**20,
+               "slowest transfer rate, per second, before an S3 data request is abandoned and "
+               "retried: a request of N bytes gets --store-timeout + N/RATE seconds "
+               "(default 1MiB)", metavar="SIZE"),
     OptionSpec("allow_other", _flag, False, "let users other than the mounting one use the mount",
                is_flag=True),
     OptionSpec("uid", _id, None, "owner of files and directories whose object names none "
@@ -220,6 +235,8 @@ class MountOptions:
     upload_concurrency: int
     endpoint_url: str | None
     region: str | None
+    store_timeout: float
+    store_min_rate: int
     allow_other: bool
     uid: int | None
     gid: int | None

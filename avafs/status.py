@@ -9,10 +9,12 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from .log_format import printable
 from .metrics import TIERS
 
 if TYPE_CHECKING:
     from .daemon import Filesystem
+    from .stores.base import ObjectStore
 
 STATUS_VERSION = 1
 
@@ -26,7 +28,14 @@ class RecentErrors(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append({"time": record.created, "level": record.levelname.lower(),
-                             "message": record.getMessage()})
+                             "message": printable(record.getMessage())})
+
+
+def _store_health(store: ObjectStore) -> dict[str, Any]:
+    since = store.unreachable_since
+    return {"url": store.url, "reachable": since is None,
+            "unreachable_seconds": None if since is None else round(time.monotonic() - since, 3),
+            "last_error": store.last_error}
 
 
 def build_status(filesystem: Filesystem) -> dict[str, Any]:
@@ -63,6 +72,7 @@ def build_status(filesystem: Filesystem) -> dict[str, Any]:
         "store_requests": requests,
         "evictions": {tier: int(metrics.value(metrics.evictions, tier)) for tier in TIERS},
         "dirty": filesystem.dirty_status(),
+        "stores": {name: _store_health(store) for name, store in filesystem.stores.items()},
         "warmups": [job.as_dict() for job in filesystem.warmups.running()],
         "prefetch": {"queued": filesystem.prefetcher.queued,
                      "pending": filesystem.prefetcher.pending,

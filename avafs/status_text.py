@@ -4,14 +4,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from .log_format import printable
 from .sizes import format_size
+
+
+def _path(status: dict[str, Any], refused: dict[str, str]) -> str:
+    """A set-aside key as a path in the mount, control characters escaped."""
+    return printable(f"{status['mountpoint']}/{refused['source'] + '/' if refused['source'] else ''}"
+                     f"{refused['key']}")
 
 
 def format_status(status: dict[str, Any]) -> str:
     lines = [f"avafs mount {status['mountpoint']} (pid {status['pid']}, up "
              f"{status['uptime_seconds']:.0f}s)"]
     for name, url in status["sources"].items():
-        lines.append(f"  source {name or '/'}: {url}")
+        health = status["stores"][name]
+        lines.append(f"  source {name or '/'}: {url}" + (
+            "" if health["reachable"] else f" UNREACHABLE for {health['unreachable_seconds']:.0f}s"
+            f" ({health['last_error']}); writes are kept locally until it answers"))
     for name, tier in status["tiers"].items():
         share = tier["used_bytes"] / tier["capacity_bytes"] if tier["capacity_bytes"] else 0.0
         lines.append(f"  {name:4} tier: {format_size(tier['used_bytes'])} of "
@@ -30,6 +40,9 @@ def format_status(status: dict[str, Any]) -> str:
     dirty = status["dirty"]
     lines.append(f"  dirty: {format_size(dirty['bytes'])} in {dirty['files']} files, upload "
                  f"queue {dirty['upload_queue']}")
+    for refused in dirty["set_aside"]:
+        lines.append(f"  set aside (the store refuses it; kept locally): "
+                     f"{_path(status, refused)}: {refused['error']}")
     for job in status["warmups"]:
         lines.append(f"  warmup {job['id']} {job['state']}: "
                      f"{job['files_done'] + job['files_already_cached']}/{job['files_total']} "

@@ -1,72 +1,180 @@
-"""A TCP proxy between avafs and the S3 server that can refuse connections, answer 503, or
-cut every response short, so network faults are injected for real, not mocked."""
+"""A TCP proxy between avafs and the S3 server that injects network faults for real, not
+mocked. Modes (set `mode` at any time; it applies to connections accepted from then on; "hang" and
+"slow" also to the connections being relayed, and a switch to any other fault resets those, so
+no kept-alive connection slips past it):
+
+- "pass": relay both ways.
+- "refuse": nothing listens on the port (connect() gets ECONNREFUSED).
+- "reset": accept, then reset the connection (RST) without answering.
+- "hang": accept and read requests, never answer (a store that is up but stuck).
+- "slow": relay, answers and requests limited to `rate` bytes per second each way.
+- "503" (any 5xx code as text): answer every request with that status and an S3 error body.
+- "cut": relay the request, then only the first CUT_AFTER bytes of the answer, then close.
+
+`faults` counts the connections a fault was injected on (refused connects are not seen);
+`sent_upstream` the bytes relayed to the server (requests and uploaded data).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import socket
-import socketserver
+import struct
 import threading
+import time
 
 CUT_AFTER = 16 * 1024
 """Bytes of a response (headers included) relayed in "cut" mode before the connection drops."""
+_CHUNK = 1 << 16
 
 
-class _Handler(socketserver.BaseRequestHandler):
-    server: FaultProxy
-
-    def handle(self) -> None:
-        mode = self.server.mode
-        if mode == "refuse":
-            return
-        if mode == "503":
-            self.request.recv(65536)
-            body = b"<Error><Code>ServiceUnavailable</Code><Message>injected</Message></Error>"
-            self.request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: "
-                                 b"application/xml\r\nConnection: close\r\nContent-Length: "
-                                 + str(len(body)).encode() + b"\r\n\r\n" + body)
-            return
-        with socket.create_connection(self.server.upstream) as upstream:
-            if mode == "cut":
-                upstream.sendall(self.request.recv(65536))
-                self.request.sendall(upstream.recv(CUT_AFTER))
-                return
-            pumps = [threading.Thread(target=_pump, args=(self.request, upstream, self.server),
-                                      daemon=True),
-                     threading.Thread(target=_pump, args=(upstream, self.request), daemon=True)]
-            for pump in pumps:
-                pump.start()
-            for pump in pumps:
-                pump.join()
-
-
-def _pump(source: socket.socket, target: socket.socket,
-          counter: FaultProxy | None = None) -> None:
-    """Relay until the source closes; bytes sent upstream are added to `counter`."""
-    with contextlib.suppress(OSError):
-        while data := source.recv(1 << 16):
-            if counter is not None:
-                with counter.lock:
-                    counter.upstream_bytes += len(data)
-            target.sendall(data)
-    with contextlib.suppress(OSError):
-        target.shutdown(socket.SHUT_WR)
-
-
-class FaultProxy(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, upstream_port: int) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+class FaultProxy:
+    def __init__(self, upstream_port: int, rate: int = 256 * 1024) -> None:
         self.upstream = ("127.0.0.1", upstream_port)
-        self.mode = "pass"
-        self.lock = threading.Lock()
-        self.upstream_bytes = 0
-        """Bytes relayed from avafs to the server in "pass" mode: what uploads sent."""
-        self.endpoint = f"http://127.0.0.1:{self.server_address[1]}"
-        threading.Thread(target=self.serve_forever, daemon=True).start()
+        self.rate = rate
+        self.faults = 0
+        self.sent_upstream = 0
+        self._mode = "pass"
+        self._lock = threading.Lock()
+        self._closed = False
+        self._listener: socket.socket | None = None
+        self._relayed: set[socket.socket] = set()
+        self._port = 0
+        self._open_listener()
+        self.endpoint = f"http://127.0.0.1:{self._port}"
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @mode.setter
+    def mode(self, mode: str) -> None:
+        with self._lock:
+            self._mode = mode
+            if mode not in ("pass", "hang", "slow"):
+                for connection in self._relayed:
+                    _reset(connection)
+            if mode == "refuse":
+                self._close_listener()
+            elif self._listener is None:
+                self._open_listener()
+
+    def _open_listener(self) -> None:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self._port))
+        listener.listen(128)
+        self._port = listener.getsockname()[1]
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def _close_listener(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
+            listener.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(client,), daemon=True).start()
+
+    def _count(self) -> None:
+        with self._lock:
+            self.faults += 1
+
+    def _handle(self, client: socket.socket) -> None:
+        with client:
+            mode = self._mode
+            if mode != "pass":
+                self._count()
+            if mode == "reset":
+                _reset(client)
+                return
+            if mode == "hang":
+                self._hang(client)
+                return
+            if mode.isdigit():
+                self._answer(client, int(mode))
+                return
+            try:
+                upstream = socket.create_connection(self.upstream)
+            except OSError:
+                return
+            with upstream:
+                if mode == "cut":
+                    with contextlib.suppress(OSError):
+                        upstream.sendall(client.recv(_CHUNK))
+                        client.sendall(upstream.recv(CUT_AFTER))
+                    return
+                with self._lock:
+                    self._relayed.add(client)
+                pumps = [threading.Thread(target=self._pump, args=(client, upstream, True),
+                                          daemon=True),
+                         threading.Thread(target=self._pump, args=(upstream, client, False),
+                                          daemon=True)]
+                for pump in pumps:
+                    pump.start()
+                for pump in pumps:
+                    pump.join()
+                with self._lock:
+                    self._relayed.discard(client)
+
+    def _hang(self, client: socket.socket) -> None:
+        """Read whatever comes and never answer, until the client gives up or the proxy
+        closes."""
+        client.settimeout(0.5)
+        while not self._closed:
+            try:
+                if not client.recv(_CHUNK):
+                    return
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    @staticmethod
+    def _answer(client: socket.socket, status: int) -> None:
+        with contextlib.suppress(OSError):
+            client.recv(_CHUNK)
+            body = (f"<Error><Code>Injected{status}</Code><Message>injected by the fault proxy"
+                    "</Message></Error>").encode()
+            client.sendall(f"HTTP/1.1 {status} Injected\r\nContent-Type: application/xml\r\n"
+                           f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                           + body)
+
+    def _pump(self, source: socket.socket, target: socket.socket, upward: bool) -> None:
+        """Relay one direction; in "slow" mode at `rate` bytes per second, and in "hang" mode
+        (switched on while the connection is open) not at all."""
+        with contextlib.suppress(OSError):
+            while data := source.recv(_CHUNK):
+                while self._mode == "hang" and not self._closed:
+                    time.sleep(0.2)
+                if upward:
+                    with self._lock:
+                        self.sent_upstream += len(data)
+                if self._mode == "slow":
+                    for start in range(0, len(data), max(1, self.rate // 10)):
+                        piece = data[start:start + max(1, self.rate // 10)]
+                        target.sendall(piece)
+                        time.sleep(len(piece) / self.rate)
+                else:
+                    target.sendall(data)
+        with contextlib.suppress(OSError):
+            target.shutdown(socket.SHUT_WR)
 
     def close(self) -> None:
-        self.shutdown()
-        self.server_close()
+        self._closed = True
+        with self._lock:
+            self._close_listener()
+
+
+def _reset(connection: socket.socket) -> None:
+    """End the connection with a RST, as a crashed or rebooted server's kernel would."""
+    with contextlib.suppress(OSError):
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        connection.shutdown(socket.SHUT_RDWR)

@@ -65,12 +65,12 @@ def test_a_metadata_change_of_an_uploaded_file_sends_no_data(s3_server, bucket, 
     s3_server.client().put_object(Bucket=bucket, Key="big.bin", Body=data)
     mnt = s3_mount(endpoint=proxy.endpoint)
     os.stat(mnt / "big.bin")
-    before = proxy.upstream_bytes
+    before = proxy.sent_upstream
     os.utime(mnt / "big.bin", ns=(SET_NS, SET_NS))
     os.chmod(mnt / "big.bin", 0o600)
     assert Client(mnt).flush()["bytes"] == 0
 
-    assert proxy.upstream_bytes - before < 64 * 1024
+    assert proxy.sent_upstream - before < 64 * 1024
     assert s3_server.client().get_object(Bucket=bucket, Key="big.bin")["Body"].read() == data
     metadata = _head(s3_server, bucket, "big.bin")["Metadata"]
     assert metadata["mtime"] == "1600000000.123456000"

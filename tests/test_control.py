@@ -157,7 +157,8 @@ def test_status_json_counts_a_known_workload(s3_server, bucket, mount):
     assert status["tiers"]["ram"]["files"] == 4
     assert status["tiers"]["ram"]["used_bytes"] == 3 * 2**20 + 1000
     assert status["tiers"]["ram"]["capacity_bytes"] == 64 * 2**20
-    assert status["dirty"] == {"bytes": 0, "files": 0, "upload_queue": 0, "uploading": 0}
+    assert status["dirty"] == {"bytes": 0, "files": 0, "upload_queue": 0, "uploading": 0,
+                               "set_aside": []}
     assert 0 < status["hit_ratio"] < 1
     assert status["sources"] == {"": f"s3://{bucket}"}
 

@@ -54,7 +54,7 @@ def test_a_redirect_hands_every_later_request_to_boto3(redirecting_endpoint):
                                     aws_secret_access_key=TEST_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
                                     region_name="us-east-1")
     client = session.client("s3", endpoint_url=redirecting_endpoint)
-    lean = LeanRequests(client, session.get_credentials(), "bucket")
+    lean = LeanRequests(lambda size: client, session.get_credentials(), "bucket")
 
     assert lean.open("key", 0, 10, "etag") is None
     assert lean.list_page("", None) is None
@@ -69,7 +69,7 @@ def test_a_put_carries_the_body_checksum_botocore_would_send(s3_server, bucket, 
     session = boto3.session.Session(region_name="us-east-1")
     client = session.client("s3", endpoint_url=s3_server.endpoint,
                             config=Config(request_checksum_calculation=calculation))
-    lean = LeanRequests(client, session.get_credentials(), bucket)
+    lean = LeanRequests(lambda size: client, session.get_credentials(), bucket)
     data = b"checkpoint shard " * 1000
 
     etag = lean.put("shard", data)
@@ -102,7 +102,7 @@ def test_a_store_behind_a_proxy_keeps_its_reads_off_the_loop(s3_server, bucket):
     session = boto3.session.Session(region_name="us-east-1")
     client = session.client("s3", endpoint_url=s3_server.endpoint,
                             config=Config(proxies={"http": "http://127.0.0.1:9"}))
-    lean = LeanRequests(client, session.get_credentials(), bucket)
+    lean = LeanRequests(lambda size: client, session.get_credentials(), bucket)
     requests = len(s3_server.requests())
 
     assert trio.run(lean.get_on_loop, "key", 0, 10, "etag") is None
@@ -114,6 +114,6 @@ def test_a_ca_bundle_that_cannot_be_loaded_leaves_the_error_to_boto3(s3_server, 
     session = boto3.session.Session(region_name="us-east-1")
     client = session.client("s3", endpoint_url=s3_server.endpoint,
                             verify=str(tmp_path / "missing-ca.pem"))
-    lean = LeanRequests(client, session.get_credentials(), bucket)
+    lean = LeanRequests(lambda size: client, session.get_credentials(), bucket)
 
     assert trio.run(lean.get_on_loop, "key", 0, 10, "etag") is None

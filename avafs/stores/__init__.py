@@ -6,13 +6,13 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from ..errors import AvafsError
-from .base import Listing, ObjectInfo, ObjectStore
+from .base import Listing, ObjectInfo, ObjectStore, StoreLimits
 
-__all__ = ["Listing", "ObjectInfo", "ObjectStore", "open_store"]
+__all__ = ["Listing", "ObjectInfo", "ObjectStore", "StoreLimits", "open_store"]
 
 
 def open_store(url: str, endpoint_url: str | None = None, region: str | None = None,
-               max_connections: int = 64) -> ObjectStore:
+               max_connections: int = 64, limits: StoreLimits | None = None) -> ObjectStore:
     parsed = urlparse(url)
     if parsed.scheme == "file":
         if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
@@ -27,6 +27,7 @@ def open_store(url: str, endpoint_url: str | None = None, region: str | None = N
             from .s3 import S3Store
         except ImportError:
             raise AvafsError("s3:// sources need boto3: pip install 'avafs[s3]'") from None
-        return S3Store(parsed.netloc, unquote(parsed.path), endpoint_url, region, max_connections)
+        return S3Store(parsed.netloc, unquote(parsed.path), endpoint_url, region, max_connections,
+                       limits or StoreLimits())
     raise AvafsError(f"unknown scheme in source {url!r}: use s3://bucket[/prefix] or "
                      "file:///absolute/dir")

@@ -37,6 +37,21 @@ class Listing:
     objects: list[ObjectInfo]
 
 
+@dataclass(frozen=True, slots=True)
+class StoreLimits:
+    """How long one request to a networked store may take before it is abandoned (and retried
+    by its caller): `timeout` seconds for a request that carries no data (LIST, HEAD, DELETE, a
+    small GET), plus the time a transfer of `size` bytes takes at `min_rate` bytes per second.
+    Why a bound per byte: a store that accepts connections and never answers must cost a lookup
+    seconds, not minutes, while a large part on a slow link must still be allowed to finish."""
+
+    timeout: float = 5.0
+    min_rate: int = 2**20
+
+    def for_size(self, size: int) -> float:
+        return self.timeout + size / self.min_rate
+
+
 Part = dict[str, object]
 """What completing a multipart upload needs to know of one uploaded part (opaque to callers)."""
 
@@ -70,6 +85,12 @@ class ObjectStore(ABC):
     """A bucket (or a prefix of one); keys are relative to the store's root."""
 
     url: str
+    unreachable_since: float | None = None
+    """Since when (time.monotonic) the store has failed every request in a way that may pass
+    (timeouts, resets, 5xx), None while it answers; kept by InstrumentedStore, which wraps
+    every store a mount uses, so callers can stop waiting for a store known to be down."""
+    last_error: str | None = None
+    """The message of the failure that made the store unreachable."""
 
     def multipart(self) -> MultipartUploads | None:
         """Part-by-part uploads, where the store has them; without them a written file is

@@ -1,4 +1,5 @@
-"""An ObjectStore wrapper that counts and times every request into the daemon's metrics."""
+"""An ObjectStore wrapper that counts and times every request into the daemon's metrics, and
+keeps whether the store answers (`unreachable_since`, for lookups, the status and metrics)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import BinaryIO, TypeVar
 
+from ..errors import ObjectChangedError, StoreError
 from ..metrics import Metrics
 from .base import Listing, MultipartUploads, ObjectInfo, ObjectStore, Part
 from .metadata import Attrs
@@ -19,22 +21,30 @@ class InstrumentedStore(ObjectStore, MultipartUploads):
         self.url = inner.url
         self._parts = inner.multipart()
         self._metrics = metrics
+        metrics.store_unreachable.labels(self.url).set_function(
+            lambda: float(self.unreachable_since is not None))
 
     def _timed(self, operation: str, call: Callable[[], T]) -> T:
         started = time.perf_counter()
         try:
             result = call()
-        except Exception:
-            self._record(operation, started, failed=True)
+        except Exception as error:
+            self._record(operation, started, error)
             raise
         self._record(operation, started)
         return result
 
-    def _record(self, operation: str, started: float, failed: bool = False) -> None:
+    def _record(self, operation: str, started: float, error: Exception | None = None) -> None:
         self._metrics.store_requests.labels(operation).inc()
         self._metrics.store_latency.labels(operation).observe(time.perf_counter() - started)
-        if failed:
+        if error is not None:
             self._metrics.store_errors.labels(operation).inc()
+        if error is None or isinstance(error, ObjectChangedError) or \
+                (isinstance(error, StoreError) and error.permanent):
+            self.unreachable_since = self.last_error = None
+        elif isinstance(error, StoreError) and self.unreachable_since is None:
+            self.unreachable_since = time.monotonic()
+            self.last_error = str(error)
 
     def keeps_owners(self) -> bool:
         return self.inner.keeps_owners()
@@ -60,8 +70,8 @@ class InstrumentedStore(ObjectStore, MultipartUploads):
         started = time.perf_counter()
         try:
             data = await self.inner.get_range_on_loop(key, start, length, etag)
-        except Exception:
-            self._record("get", started, failed=True)
+        except Exception as error:
+            self._record("get", started, error)
             raise
         if data is not None:
             self._record("get", started)

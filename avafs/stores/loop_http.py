@@ -112,8 +112,9 @@ class LoopHttp:
         the connection closed) on failure."""
         protocol = connection.protocol
         try:
-            await connection.stream.send_all(protocol.send(request)
-                                             + protocol.send(h11.EndOfMessage()))
+            with trio.fail_after(self._read_timeout):
+                await connection.stream.send_all(protocol.send(request)
+                                                 + protocol.send(h11.EndOfMessage()))
             response: h11.Response | None = None
             body: list[bytes] = []
             received = 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -28,7 +29,7 @@ from botocore.config import Config
 
 from ..errors import AvafsError, ObjectChangedError, StoreError
 from . import metadata
-from .base import Listing, MultipartUploads, ObjectInfo, ObjectStore, Part
+from .base import Listing, MultipartUploads, ObjectInfo, ObjectStore, Part, StoreLimits
 from .metadata import Attrs
 from .s3_lean import Changed, LeanRequests, sends_crc32
 
@@ -36,20 +37,35 @@ log = logging.getLogger(__name__)
 
 _BODY_ERRORS = (
     botocore.exceptions.IncompleteReadError,
-    botocore.exceptions.ReadTimeoutError,
     botocore.exceptions.ResponseStreamingError,
     botocore.exceptions.ConnectionClosedError,
-    botocore.exceptions.EndpointConnectionError,
 )
+"""A body that broke off after the store answered: read again (botocore retries requests, not
+the reading of their bodies). An endpoint that cannot be reached is botocore's to retry, and a
+store that stops sending (a read timeout) is not asked again here: that is a hung store, whose
+reader gets EIO within the request limits instead of after many more of them."""
 _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403",
-           "InvalidToken", "ExpiredToken", "AllAccessDisabled"}
+           "InvalidToken", "AllAccessDisabled"}
 _MISSING_BUCKET = {"NoSuchBucket", "404", "NotFound"}
+_TRANSIENT = {"RequestTimeout", "RequestTimeTooSkewed", "ExpiredToken", "SlowDown", "Throttling",
+              "ThrottlingException", "RequestLimitExceeded", "TooManyRequests", "408", "429"}
+"""4xx answers that may pass: everything else in 4xx is the store refusing for good."""
+_PERMANENT_CLIENT_ERRORS = (botocore.exceptions.NoCredentialsError,
+                            botocore.exceptions.PartialCredentialsError,
+                            botocore.exceptions.ParamValidationError)
+_ATTEMPTS = 3
+"""Attempts per request, botocore's retries included: each is bounded by StoreLimits, and the
+callers retry on their own terms (the uploader forever, a lookup at its next call)."""
 _BODY_ATTEMPTS = 6
 _TRANSFER = TransferConfig(multipart_threshold=64 * 2**20, multipart_chunksize=8 * 2**20,
                            max_concurrency=8, use_threads=True)
 """Eight 8 MiB parts in flight (64 MiB of buffers per large upload, as four 16 MiB parts were):
 more requests in flight is what a single large upload needs to fill the link (the direct
 upload's baseline uses the same)."""
+_PART = _TRANSFER.multipart_chunksize
+"""Completing an upload, whose work at the server grows with the object, gets the time of one
+part's transfer on top of the base limit."""
+_DEFAULT_LIMITS = StoreLimits()
 
 
 def _code(error: botocore.exceptions.ClientError) -> str:
@@ -68,26 +84,69 @@ def _etag(raw: str) -> str:
     return raw.strip('"')
 
 
+def _status(error: botocore.exceptions.ClientError) -> int:
+    return int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+
+
+def _is_permanent(error: Exception) -> bool:
+    """Whether repeating the request cannot help: a 4xx that is no throttle or clock skew,
+    or a client without usable credentials."""
+    if isinstance(error, botocore.exceptions.ClientError):
+        return 400 <= _status(error) < 500 and _code(error) not in _TRANSIENT
+    return isinstance(error, _PERMANENT_CLIENT_ERRORS)
+
+
+def _size_class(size: int) -> int:
+    """Requests are timed by class, so a handful of clients serve every size: 0 for requests
+    without data, else the size rounded up to a power of two, at least 1 MiB."""
+    return 0 if size <= 0 else 1 << max(20, (size - 1).bit_length())
+
+
 class S3Store(ObjectStore, MultipartUploads):
     def __init__(self, bucket: str, prefix: str, endpoint_url: str | None,
-                 region: str | None, max_connections: int = 64) -> None:
+                 region: str | None, max_connections: int = 64,
+                 limits: StoreLimits = _DEFAULT_LIMITS) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.url = f"s3://{bucket}/{self.prefix}"
         self.endpoint = _printable_endpoint(endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
                                             or os.environ.get("AWS_ENDPOINT_URL"))
-        session = boto3.session.Session()
-        common = {"endpoint_url": endpoint_url, "region_name": region}
-        self._client = session.client("s3", config=Config(
-            retries={"mode": "standard", "max_attempts": 10},
-            connect_timeout=10, read_timeout=60, max_pool_connections=max_connections,
-            tcp_keepalive=True), **common)
-        self._probe_client = session.client("s3", config=Config(
+        self._session = boto3.session.Session()
+        self._common = {"endpoint_url": endpoint_url, "region_name": region}
+        self._limits = limits
+        self._max_connections = max_connections
+        self._clients: dict[int, object] = {}
+        self._clients_lock = threading.Lock()
+        self._client = self._sized(0)
+        self._probe_client = self._session.client("s3", config=Config(
             retries={"mode": "standard", "max_attempts": 2},
-            connect_timeout=5, read_timeout=10), **common)
-        self._lean = LeanRequests(self._client, session.get_credentials(), bucket)
+            connect_timeout=limits.timeout, read_timeout=limits.timeout), **self._common)
+        self._lean = LeanRequests(self._sized, self._session.get_credentials(), bucket)
 
-    def _describe(self, error: Exception) -> str:
+    def _sized(self, size: int):
+        """The client whose timeouts suit a request carrying `size` bytes (StoreLimits): the
+        connect timeout is the limit's seconds, the read timeout (which also bounds sending a
+        body held in memory) adds the transfer time at the minimum rate."""
+        slot = _size_class(size)
+        client = self._clients.get(slot)
+        if client is None:
+            with self._clients_lock:
+                client = self._clients.get(slot)
+                if client is None:
+                    client = self._clients[slot] = self._session.client("s3", config=Config(
+                        retries={"mode": "standard", "max_attempts": _ATTEMPTS},
+                        connect_timeout=self._limits.timeout,
+                        read_timeout=self._limits.for_size(slot),
+                        max_pool_connections=self._max_connections, tcp_keepalive=True),
+                        **self._common)
+        return client
+
+    def _failure(self, error: Exception, action: str) -> StoreError:
+        return StoreError(self._describe(error, action), permanent=_is_permanent(error))
+
+    def _describe(self, error: Exception, action: str = "") -> str:
+        """A message for users: the endpoint, the bucket, what was asked and the store's
+        answer (status, code and message), never a credential."""
         if isinstance(error, botocore.exceptions.NoCredentialsError):
             return (f"no AWS credentials found for {self.url}: set AWS_ACCESS_KEY_ID and "
                     "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or an instance role")
@@ -100,13 +159,21 @@ class S3Store(ObjectStore, MultipartUploads):
             if code in _DENIED:
                 return (f"access denied to bucket {self.bucket!r} at {self.endpoint} ({code}): "
                         "check the credentials and the bucket policy")
-            if code in _MISSING_BUCKET:
+            if code == "NoSuchBucket" or (not action and code in _MISSING_BUCKET):
                 return (f"bucket {self.bucket!r} not found at {self.endpoint}: check the name "
                         "and --endpoint-url/--region")
             if code in ("301", "PermanentRedirect", "AuthorizationHeaderMalformed"):
                 return f"bucket {self.bucket!r} is in another region: pass --region"
-            return f"S3 request to {self.endpoint} for bucket {self.bucket!r} failed ({code})"
-        return f"S3 request to {self.endpoint} failed: {type(error).__name__}"
+            answer = error.response.get("Error", {}).get("Message") or ""
+            status = str(_status(error))
+            return (f"S3 {action or 'request'} in bucket {self.bucket!r} at {self.endpoint} "
+                    f"failed: {status}" + (f" {code}" if code != status else "")
+                    + (f" ({answer})" if answer else ""))
+        if isinstance(error, botocore.exceptions.ReadTimeoutError):
+            return (f"S3 endpoint {self.endpoint} did not answer {action or 'a request'} in "
+                    "time: the store is overloaded or hung (see --store-timeout)")
+        return (f"S3 {action or 'request'} at {self.endpoint} failed: "
+                f"{type(error).__name__}")
 
     def check(self) -> None:
         try:
@@ -121,7 +188,7 @@ class S3Store(ObjectStore, MultipartUploads):
         prefixes: list[str] = []
         objects: list[ObjectInfo] = []
         skip = len(self.prefix)
-        with self._store_errors():
+        with self._store_errors(f"LIST of {prefix or '/'!r}"):
             pages = self._client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=self.prefix + prefix, Delimiter="/")
             for page in pages:
@@ -160,9 +227,9 @@ class S3Store(ObjectStore, MultipartUploads):
         except botocore.exceptions.ClientError as error:
             if _code(error) in ("404", "NoSuchKey", "NotFound"):
                 return None
-            raise StoreError(self._describe(error)) from None
+            raise self._failure(error, f"HEAD of {key!r}") from None
         except botocore.exceptions.BotoCoreError as error:
-            raise StoreError(self._describe(error)) from None
+            raise self._failure(error, f"HEAD of {key!r}") from None
         mtime, attrs = metadata.decode(reply.get("Metadata", {}))
         return ObjectInfo(key, reply["ContentLength"], _etag(reply["ETag"]),
                           reply["LastModified"].timestamp() if mtime is None else mtime, attrs)
@@ -194,9 +261,12 @@ class S3Store(ObjectStore, MultipartUploads):
                     return data
         for attempt in range(_BODY_ATTEMPTS):
             try:
-                reply = self._client.get_object(
-                    Bucket=self.bucket, Key=self.prefix + key, IfMatch=f'"{etag}"',
-                    Range=f"bytes={start}-{start + length - 1}")
+                try:
+                    reply = self._sized(length).get_object(
+                        Bucket=self.bucket, Key=self.prefix + key, IfMatch=f'"{etag}"',
+                        Range=f"bytes={start}-{start + length - 1}")
+                except _BODY_ERRORS as error:  # the request itself: botocore retried it
+                    raise self._failure(error, f"GET of {key!r}") from None
                 data = reply["Body"].read()
                 if len(data) != length:
                     raise botocore.exceptions.IncompleteReadError(actual_bytes=len(data),
@@ -207,13 +277,15 @@ class S3Store(ObjectStore, MultipartUploads):
                 if code in ("PreconditionFailed", "412", "NoSuchKey", "404"):
                     raise ObjectChangedError(
                         f"{self.url}{key} changed or vanished while being read") from None
-                raise StoreError(self._describe(error)) from None
+                raise self._failure(error, f"GET of {key!r}") from None
             except _BODY_ERRORS as error:
                 if attempt == _BODY_ATTEMPTS - 1:
-                    raise StoreError(self._describe(error)) from None
-                log.warning("retrying read of %s%s after %s", self.url, key,
+                    raise self._failure(error, f"GET of {key!r}") from None
+                log.warning("retrying read of %s%r after %s", self.url, key,
                             type(error).__name__)
                 time.sleep(min(0.1 * 2**attempt, 5.0))
+            except botocore.exceptions.BotoCoreError as error:
+                raise self._failure(error, f"GET of {key!r}") from None
         raise AssertionError("unreachable")
 
     def open_range(self, key: str, start: int, length: int, etag: str) -> BinaryIO:
@@ -230,9 +302,9 @@ class S3Store(ObjectStore, MultipartUploads):
             if _code(error) in ("PreconditionFailed", "412", "NoSuchKey", "404"):
                 raise ObjectChangedError(
                     f"{self.url}{key} changed or vanished while being read") from None
-            raise StoreError(self._describe(error)) from None
+            raise self._failure(error, f"GET of {key!r}") from None
         except botocore.exceptions.BotoCoreError as error:
-            raise StoreError(self._describe(error)) from None
+            raise self._failure(error, f"GET of {key!r}") from None
         return reply["Body"]
 
     def put(self, key: str, body: BinaryIO, size: int, mtime: float | None = None,
@@ -242,35 +314,41 @@ class S3Store(ObjectStore, MultipartUploads):
         both are atomic for readers in S3."""
         attrs = attrs or Attrs()
         user = {} if mtime is None else metadata.encode(mtime, attrs)
-        with self._store_errors():
+        with self._store_errors(f"PUT of {key!r}"):
             if size < _TRANSFER.multipart_threshold:
                 data = body.read()
                 etag = self._lean.put(self.prefix + key, data, user)
                 if etag is None:
-                    etag = _etag(self._client.put_object(Bucket=self.bucket,
-                                                         Key=self.prefix + key,
-                                                         Body=data, Metadata=user)["ETag"])
+                    etag = _etag(self._sized(size).put_object(Bucket=self.bucket,
+                                                              Key=self.prefix + key,
+                                                              Body=data, Metadata=user)["ETag"])
                 if mtime is None:
                     return ObjectInfo(key, size, etag, time.time())
                 return ObjectInfo(key, size, etag, mtime, attrs)
-            self._client.upload_fileobj(body, self.bucket, self.prefix + key, Config=_TRANSFER,
-                                        ExtraArgs={"Metadata": user})
+            self._sized(_PART).upload_fileobj(body, self.bucket, self.prefix + key,
+                                              Config=_TRANSFER, ExtraArgs={"Metadata": user})
         info = self.head(key)
         if info is None:
             raise StoreError(f"{self.url}{key} is missing right after its upload")
         return info
 
     @contextlib.contextmanager
-    def _store_errors(self) -> Iterator[None]:
+    def _store_errors(self, action: str) -> Iterator[None]:
         """boto3's errors as StoreError with a message fit for users."""
         try:
             yield
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
-            raise StoreError(self._describe(error)) from None
+            raise self._failure(error, action) from None
 
     def delete(self, key: str) -> None:
-        with self._store_errors():
-            self._client.delete_object(Bucket=self.bucket, Key=self.prefix + key)
+        """A 404 other than for the bucket (some stores answer so for keys they cannot hold)
+        leaves the key absent, which is what was asked."""
+        with self._store_errors(f"DELETE of {key!r}"):
+            try:
+                self._client.delete_object(Bucket=self.bucket, Key=self.prefix + key)
+            except botocore.exceptions.ClientError as error:
+                if _status(error) != 404 or _code(error) == "NoSuchBucket":
+                    raise
 
     # --- part-by-part uploads --------------------------------------------------------------
 
@@ -285,13 +363,13 @@ class S3Store(ObjectStore, MultipartUploads):
         return {}
 
     def start_upload(self, key: str) -> str:
-        with self._store_errors():
+        with self._store_errors(f"multipart upload of {key!r}"):
             return self._client.create_multipart_upload(
                 Bucket=self.bucket, Key=self.prefix + key, **self._checksum())["UploadId"]
 
     def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> Part:
-        with self._store_errors():
-            reply = self._client.upload_part(Bucket=self.bucket, Key=self.prefix + key,
+        with self._store_errors(f"part {number} of {key!r}"):
+            reply = self._sized(len(data)).upload_part(Bucket=self.bucket, Key=self.prefix + key,
                                              UploadId=upload_id, PartNumber=number, Body=data,
                                              **self._checksum())
         part: Part = {"PartNumber": number, "ETag": reply["ETag"]}
@@ -301,15 +379,15 @@ class S3Store(ObjectStore, MultipartUploads):
 
     def complete_upload(self, key: str, upload_id: str, parts: list[Part],
                         size: int) -> ObjectInfo:
-        with self._store_errors():
-            reply = self._client.complete_multipart_upload(
+        with self._store_errors(f"completing the upload of {key!r}"):
+            reply = self._sized(_PART).complete_multipart_upload(
                 Bucket=self.bucket, Key=self.prefix + key, UploadId=upload_id,
                 MultipartUpload={"Parts": parts})
         return ObjectInfo(key, size, _etag(reply["ETag"]), time.time())
 
     def abort_upload(self, key: str, upload_id: str) -> None:
         """An upload that no longer exists (completed or aborted already) is not an error."""
-        with self._store_errors():
+        with self._store_errors(f"aborting the upload of {key!r}"):
             try:
                 self._client.abort_multipart_upload(Bucket=self.bucket, Key=self.prefix + key,
                                                     UploadId=upload_id)
@@ -333,15 +411,16 @@ class S3Store(ObjectStore, MultipartUploads):
                     **source.get("Metadata", {}), **metadata.encode(mtime, attrs or Attrs())})
                 if "ContentType" in source:
                     extra["ContentType"] = source["ContentType"]
-            self._client.copy({"Bucket": self.bucket, "Key": self.prefix + source_key},
-                              self.bucket, self.prefix + key, ExtraArgs=extra, Config=_TRANSFER)
+            self._sized(_TRANSFER.multipart_threshold).copy(
+                {"Bucket": self.bucket, "Key": self.prefix + source_key},
+                self.bucket, self.prefix + key, ExtraArgs=extra, Config=_TRANSFER)
         except botocore.exceptions.ClientError as error:
             if _code(error) in ("PreconditionFailed", "412", "NoSuchKey", "404"):
                 raise ObjectChangedError(f"{self.url}{source_key} changed before its copy") \
                     from None
-            raise StoreError(self._describe(error)) from None
+            raise self._failure(error, f"copy of {source_key!r} to {key!r}") from None
         except botocore.exceptions.BotoCoreError as error:
-            raise StoreError(self._describe(error)) from None
+            raise self._failure(error, f"copy of {source_key!r} to {key!r}") from None
         info = self.head(key)
         if info is None:
             raise StoreError(f"{self.url}{key} is missing right after its copy")

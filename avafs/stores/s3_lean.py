@@ -20,10 +20,11 @@ import logging
 import os
 import ssl
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
-from typing import BinaryIO
+from typing import Any, BinaryIO
 from urllib.parse import quote, unquote_plus, urlencode, urlsplit
 from xml.etree import ElementTree
 
@@ -63,11 +64,14 @@ class Changed(Exception):
 
 
 class LeanRequests:
-    def __init__(self, client, credentials, bucket: str) -> None:
-        self._client = client
+    def __init__(self, clients: Callable[[int], Any], credentials, bucket: str) -> None:
+        """`clients(size)` is the boto3 client whose HTTP session (and so whose timeouts)
+        suits a request carrying `size` bytes; `clients(0)` signs and addresses."""
+        self._clients = clients
+        self._client = clients(0)
         self._credentials = credentials
         self._bucket = bucket
-        self._region = client.meta.region_name or "us-east-1"
+        self._region = self._client.meta.region_name or "us-east-1"
         self._base: str | None = None
         self._usable = credentials is not None
 
@@ -102,7 +106,7 @@ class LeanRequests:
         request = self._ranged_get(key, start, length, etag)
         if request is None:
             return None
-        response = self._send(request)
+        response = self._send(request, length)
         if response is None:
             return None
         raw = response.raw
@@ -153,7 +157,8 @@ class LeanRequests:
         response = self._send(AWSRequest(
             method="PUT", url=base + quote(key, safe="/~"), data=data,
             headers={"Content-Length": str(len(data)), **self._body_checksum(data),
-                     **{f"x-amz-meta-{name}": value for name, value in (metadata or {}).items()}}))
+                     **{f"x-amz-meta-{name}": value for name, value in (metadata or {}).items()}}),
+            len(data))
         if response is None or response.status_code != OK or "etag" not in response.headers:
             return None
         return response.headers["etag"].strip('"')
@@ -197,10 +202,11 @@ class LeanRequests:
         prepared.headers = dict(prepared.headers.items())
         return prepared
 
-    def _send(self, request: AWSRequest):
-        """Sign and send; None on any transport failure (the caller falls back)."""
+    def _send(self, request: AWSRequest, size: int = 0):
+        """Sign and send, bounded as a request of `size` bytes; None on any transport failure
+        (the caller falls back)."""
         try:
-            response = self._client._endpoint.http_session.send(self._signed(request))
+            response = self._clients(size)._endpoint.http_session.send(self._signed(request))
         except botocore.exceptions.BotoCoreError:
             return None
         self._note_status(response.status_code)

@@ -8,6 +8,13 @@ tier, so clean blocks are evicted to make room for them and never the other way 
 Durability: `commit()` (FUSE flush and fsync, i.e. close() and fsync()) fsyncs the data file and
 journals the pending state before it returns. Nothing leaves the journal until the store
 acknowledged it, whatever fails meanwhile.
+
+Failures: an upload that may succeed later is retried with backoff; one the store refuses for
+good (StoreError.permanent) is set aside: kept pending, journaled and on disk, reported by the
+status, skipped by the uploaders and by `flush` (which names it), tried again by each `flush`
+and by the next mount. A state replaced or removed (the file rewritten, deleted, renamed) is
+cancelled: an upload of it in flight stops at its next read of the data file, and the key's
+next state waits until it has stopped, so an old upload can never land after a newer change.
 """
 
 from __future__ import annotations
@@ -22,8 +29,9 @@ import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from ..errors import ObjectChangedError
+from ..errors import ObjectChangedError, StoreError
 from ..metrics import Metrics
 from ..stores.base import ObjectInfo
 from ..stores.metadata import Attrs
@@ -73,9 +81,12 @@ class WriteBack:
         """Pending keys, least recently changed first: the order uploads become due in."""
         self._by_dir: dict[tuple[str, str], set[str]] = {}
         self._file_refs: Counter[str] = Counter()
+        self._stopping: dict[tuple[str, str], Pending] = {}
+        """Cancelled states whose upload is still running, by key: the key's next state waits."""
         self.dirty_bytes = 0
         self.eager = False
         self.store_unreachable_since: float | None = None
+        metrics.uploads_set_aside.set_function(lambda: len(self.set_aside()))
         self.journal = Journal(directory / "journal")
         self._seq = itertools.count(1)
         self._recover()
@@ -110,6 +121,7 @@ class WriteBack:
             self._file_refs[entry.file] += 1
         old = self._pending.get(entry.slot)
         if old is not None:
+            self._cancel(old)
             self._stop_streaming(old)
             self._forget_size(old)
             if old.file:
@@ -126,6 +138,7 @@ class WriteBack:
             return
         del self._pending[entry.slot]
         del self._order[entry.slot]
+        self._cancel(entry)
         self._stop_streaming(entry)
         self._forget_size(entry)
         keys = self._by_dir.get((entry.source, parent_prefix(entry.key)))
@@ -154,6 +167,11 @@ class WriteBack:
         self._forget_size(entry)
         entry.size = size
         self.dirty_bytes += self._dirty_size(entry)
+
+    def _cancel(self, entry: Pending) -> None:
+        entry.cancelled = True
+        if entry.uploading:
+            self._stopping[entry.slot] = entry
 
     def _stop_streaming(self, entry: Pending) -> None:
         entry.appended_to = None
@@ -238,6 +256,7 @@ class WriteBack:
                 self._stop_streaming(entry)
             entry.generation += 1
             entry.durable = False
+            entry.set_aside = None  # new content: the store gets a new chance
             entry.mtime = time.time()
             self._touch(entry)
             if end > entry.size:
@@ -265,6 +284,7 @@ class WriteBack:
                 entry.appended_to = min(entry.appended_to, size)
             entry.generation += 1
             entry.durable = False
+            entry.set_aside = None
             entry.mtime = time.time()
             self._touch(entry)
             self._resize(entry, size)
@@ -433,17 +453,25 @@ class WriteBack:
                 if not hurry and not entry.awaited and now - entry.changed_at < self.delay:
                     return None
                 if entry.uploading or not entry.durable or entry.next_attempt > now or \
-                        (entry.writers and not entry.awaited) or self._stored(entry):
+                        (entry.writers and not entry.awaited) or self._stored(entry) or \
+                        entry.set_aside is not None or slot in self._stopping:
                     continue
                 if any((entry.source, other) in self._pending for other in entry.wait_for):
                     continue
                 return entry
             return None
 
+    def _stopped(self, entry: Pending) -> None:
+        """The uploader is done with `entry` (call with the lock held)."""
+        entry.uploading = False
+        if self._stopping.get(entry.slot) is entry:
+            del self._stopping[entry.slot]
+            self._wake_uploader()
+
     def settled(self, entry: Pending, generation: int, info: ObjectInfo | None) -> bool:
         """Record that the store has `entry` as of `generation`; False if it changed since."""
         with self.lock:
-            entry.uploading = False
+            self._stopped(entry)
             self.store_unreachable_since = None
             current = self._pending.get(entry.slot)
             if current is not entry or entry.generation != generation:
@@ -464,22 +492,42 @@ class WriteBack:
         self._account()
 
     def failed(self, entry: Pending, error: Exception) -> None:
+        """An upload of `entry` failed: retried later, set aside if the store refused it for
+        good, forgotten if the entry was cancelled meanwhile."""
         with self.lock:
-            entry.uploading = False
+            self._stopped(entry)
+            if entry.cancelled:
+                self.changed.notify_all()
+                log.info("upload of %r stopped: the file changed or went away", entry.key)
+                return
             entry.attempts += 1
             entry.next_attempt = time.monotonic() + min(0.5 * 2 ** min(entry.attempts, 7), 30.0)
-            if self.store_unreachable_since is None:
-                self.store_unreachable_since = time.monotonic()
             self.metrics.upload_failures.inc()
-            if isinstance(error, ObjectChangedError) and entry.kind == COPY:
-                log.error("cannot finish renaming %s to %s: %s; the source was changed by "
+            if isinstance(error, StoreError) and error.permanent:
+                entry.set_aside = str(error)
+            elif isinstance(error, ObjectChangedError) and entry.kind == COPY:
+                log.error("cannot finish renaming %r to %r: %s; the source was changed by "
                           "someone else", entry.copy_from, entry.key, error)
                 self.journal.remove(entry)
                 self._unindex(entry)
                 self._account()
+            elif self.store_unreachable_since is None:
+                self.store_unreachable_since = time.monotonic()
             self.changed.notify_all()
-        log.warning("upload of %s (attempt %d) failed: %s; retrying in %.1fs", entry.key,
+        if entry.set_aside is not None:
+            path = self.data_path(entry)
+            log.error("upload of %r refused by the store: %s; set aside, kept locally%s: "
+                      "'avafs flush' tries it again", entry.key, error,
+                      f" in {path}" if path is not None else "")
+            return
+        log.warning("upload of %r (attempt %d) failed: %s; retrying in %.1fs", entry.key,
                     entry.attempts, error, entry.next_attempt - time.monotonic())
+
+    def set_aside(self) -> list[Pending]:
+        """The pending states the store refused for good, oldest change first."""
+        with self.lock:
+            return [self._pending[slot] for slot in self._order
+                    if self._pending[slot].set_aside is not None]
 
     # --- flush and status --------------------------------------------------------------------
 
@@ -495,12 +543,17 @@ class WriteBack:
         return True
 
     def flush(self, progress: Callable[[dict], None] | None = None) -> dict:
-        """Upload everything now and wait until nothing is pending."""
+        """Upload everything now and wait until nothing is pending but what the store refuses
+        for good: each set-aside state gets one more attempt (the cause may have been fixed,
+        e.g. a bucket policy), and the result's `set_aside` names those refused again."""
         self.eager = True
         try:
             with self.lock:
+                for entry in self._pending.values():
+                    if entry.set_aside is not None:
+                        entry.set_aside, entry.next_attempt = None, 0.0
                 self.work.notify_all()
-                while self._pending:
+                while self._waiting_for_flush():
                     if progress is not None:
                         progress(self.status())
                     self.changed.wait(0.5)
@@ -508,13 +561,23 @@ class WriteBack:
             self.eager = False
         return self.status()
 
-    def status(self) -> dict[str, int]:
+    def _waiting_for_flush(self) -> bool:
+        """Whether some pending state can still reach the store: it is not set aside and does
+        not wait for a key whose state is."""
+        refused = {entry.slot for entry in self._pending.values() if entry.set_aside is not None}
+        return any(entry.set_aside is None
+                   and not any((entry.source, other) in refused for other in entry.wait_for)
+                   for entry in self._pending.values())
+
+    def status(self) -> dict[str, Any]:
         with self.lock:
             return {"bytes": self.dirty_bytes,
                     "files": sum(entry.kind == DATA and entry.file is not None
                                  for entry in self._pending.values()),
                     "upload_queue": len(self._pending),
-                    "uploading": sum(entry.uploading for entry in self._pending.values())}
+                    "uploading": sum(entry.uploading for entry in self._pending.values()),
+                    "set_aside": [{"source": entry.source, "key": entry.key,
+                                   "error": entry.set_aside} for entry in self.set_aside()]}
 
     def close(self) -> None:
         self.journal.close()

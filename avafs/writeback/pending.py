@@ -61,6 +61,11 @@ class Pending:
     every fsync): the entry stays the key's state, as its writer may go on, and settles at its
     last close if nothing changed since."""
     stored_info: ObjectInfo | None = None
+    set_aside: str | None = None
+    """The store's answer when it refused this state for good (a permanent error): the entry
+    stays pending and journaled, its data kept, but no longer retried on its own."""
+    cancelled: bool = False
+    """No longer the key's state (replaced or removed): an upload of it in flight stops."""
 
     @property
     def slot(self) -> tuple[str, str]:

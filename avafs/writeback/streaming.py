@@ -204,7 +204,8 @@ class StreamUploads:
             return None
         except Exception as error:
             self._give_up(entry, stream)
-            raise StoreError(f"streamed upload of {entry.key} failed: {error}") from None
+            raise StoreError(f"streamed upload of {entry.key!r} failed: {error}",
+                             permanent=getattr(error, "permanent", False)) from None
         with self._lock:
             if stream.cancelled or entry.generation != generation:
                 self._give_up(entry, stream)

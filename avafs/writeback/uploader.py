@@ -1,9 +1,11 @@
 """The uploader: worker threads that bring the store to each key's pending state.
 
-Retries never give up: a failed upload is retried with exponential backoff (capped at 30 s)
-for as long as the daemon runs, and stays in the journal across restarts. An upload reads the
-local file through a guard that aborts it if the file is written meanwhile, so the store never
-gets a snapshot mixing two versions; the key simply stays pending and goes again. A file
+Retries never give up silently: a failed upload is retried with exponential backoff (capped at
+30 s) for as long as the daemon runs, and stays in the journal across restarts; one the store
+refuses for good is set aside by the write-back manager, kept and reported. An upload reads the
+local file through a guard that aborts it if the file is written meanwhile, or if its state was
+cancelled (the file deleted or replaced), so the store never gets a snapshot mixing two versions
+and a deleted file's upload stops at once; a changed key stays pending and goes again. A file
 streamed while it was written (streaming.py) is finished instead, or uploaded whole if its
 stream cannot complete.
 """
@@ -42,7 +44,7 @@ class GuardedReader(io.RawIOBase):
 
     def read(self, size: int = -1) -> bytes:
         data = self._file.read(size)
-        if self._entry.generation != self._generation:
+        if self._entry.generation != self._generation or self._entry.cancelled:
             raise ChangedDuringUpload(self._entry.key)
         return data
 
