@@ -7,6 +7,7 @@ once the mount is usable, so the next line of a script can read from it.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
 import os
@@ -15,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
+from urllib.parse import urlparse
 
 from . import __version__
 from .cache_dir import log_path
@@ -25,7 +27,7 @@ from .mounts import AVAFS_FSTYPE, is_dead, mount_at
 from .options import MOUNT_OPTIONS, MountOptions, build_mount_options, parse_option
 from .processes import wait_for_exit
 from .progress import WarmupProgress, summary
-from .sizes import format_size
+from .sizes import UNITS_HELP, format_size
 from .status_text import format_status
 
 _DAEMON_START_TIMEOUT = 120.0
@@ -42,7 +44,9 @@ def _add_mount_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "mount", help="mount buckets at a directory",
         description="Mount SOURCE (s3://bucket[/prefix] or file:///dir) at MOUNTPOINT, or the "
-                    "namespace of a YAML config with --config. Returns once the mount is usable.")
+                    "namespace of a YAML config with --config. Returns once the mount is usable.",
+        epilog=f"SIZE is a number with an optional unit: {UNITS_HELP}; so 10Gi is 10*2^30 "
+               "bytes and 10G is 10*10^9.")
     parser.add_argument("targets", nargs="+", metavar="[SOURCE] MOUNTPOINT")
     parser.add_argument("--config", type=Path, metavar="FILE",
                         help="YAML file: 'namespace' maps directory names to source URLs; other "
@@ -123,15 +127,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def source_url(text: str) -> str:
+    """A source URL as given, or a one-line error; a local directory written as a path or as a
+    relative file:// URL gets the absolute file:/// URL to use instead."""
+    parsed = urlparse(text)
+    if parsed.scheme == "file" and (parsed.netloc not in ("", "localhost")
+                                    or not parsed.path.startswith("/")):
+        raise AvafsError(f"invalid source {text!r}: a local bucket is file:///absolute/dir "
+                         f"(did you mean {Path(text[len('file://'):]).absolute().as_uri()}?)")
+    if not parsed.scheme and Path(text).is_dir():
+        raise AvafsError(f"invalid source {text!r}: a source is a URL (did you mean "
+                         f"{Path(text).absolute().as_uri()}?)")
+    return text
+
+
 def mount_options_from_args(args: argparse.Namespace) -> tuple[MountOptions, Path]:
+    """Options and mountpoint, every path absolute against the caller's working directory
+    (the daemon runs from /)."""
     if args.config:
         if len(args.targets) != 1:
             raise AvafsError("with --config give only MOUNTPOINT (sources come from the config)")
-        sources, values = load_config(args.config)
+        sources, values = load_config(args.config.absolute())
     else:
         if len(args.targets) != 2:
             raise AvafsError("give SOURCE and MOUNTPOINT, or --config FILE and MOUNTPOINT")
         sources, values = {"": args.targets[0]}, {}
+    sources = {name: source_url(url) for name, url in sources.items()}
     for spec in MOUNT_OPTIONS:
         given = getattr(args, spec.name)
         if given is not None:
@@ -142,6 +163,25 @@ def mount_options_from_args(args: argparse.Namespace) -> tuple[MountOptions, Pat
     for url in options.sources.values():
         open_store(url, options.endpoint_url, options.region)
     return options, Path(os.path.abspath(args.targets[-1]))
+
+
+def daemon_argv(args: argparse.Namespace, options: MountOptions, mountpoint: Path) -> list[str]:
+    """The `avafs mount` arguments the background daemon runs with: the caller's, with every
+    path made absolute and the cache dir settled, so the daemon (started from /) mounts what
+    the caller named, where the caller meant."""
+    argv = ["mount"]
+    if args.config:
+        argv += [f"--config={args.config.absolute()}"]
+    else:
+        argv.append(options.sources[""])
+    argv.append(str(mountpoint))
+    for spec in MOUNT_OPTIONS:
+        given = getattr(args, spec.name)
+        if spec.name == "cache_dir":
+            argv.append(f"{spec.flag}={options.cache_dir}")
+        elif given is not None:
+            argv.append(spec.flag if spec.is_flag else f"{spec.flag}={given}")
+    return argv
 
 
 def check_mountpoint(mountpoint: Path) -> None:
@@ -180,15 +220,15 @@ def _mount(args: argparse.Namespace) -> int:
         from .daemon import serve  # imports pyfuse3, which check_fuse has vouched for
 
         return serve(options, mountpoint, args.ready_fd)
-    return _start_daemon(options, mountpoint)
+    return _start_daemon(options, daemon_argv(args, options, mountpoint))
 
 
-def _start_daemon(options: MountOptions, mountpoint: Path) -> int:
+def _start_daemon(options: MountOptions, argv: list[str]) -> int:
     options.cache_dir.mkdir(parents=True, exist_ok=True)
     read_end, write_end = os.pipe()
     with open(log_path(options.cache_dir), "ab") as log_file:
         daemon = subprocess.Popen(
-            [sys.executable, "-m", "avafs", *sys.argv[1:], "--ready-fd", str(write_end)],
+            [sys.executable, "-m", "avafs", *argv, "--ready-fd", str(write_end)],
             pass_fds=(write_end,), start_new_session=True, cwd="/",
             stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
     os.close(write_end)
@@ -312,6 +352,28 @@ def _evict(args: argparse.Namespace) -> int:
     return 1 if result["failures"] else 0
 
 
+PEER_FLAGS = {
+    "--cache-size": "--disk-cache", "--max-cache-size": "--disk-cache",
+    "--vfs-cache-max-size": "--disk-cache", "--free-space-ratio": "--high-watermark",
+    "--buffer-size": "--inflight-memory", "--max-memory": "--inflight-memory",
+    "--dir-cache-time": "--metadata-ttl", "--attr-timeout": "--metadata-ttl",
+    "--entry-timeout": "--metadata-ttl", "--stat-cache-ttl": "--metadata-ttl",
+    "--prefetch": "--read-ahead", "--max-readahead": "--read-ahead",
+    "--endpoint": "--endpoint-url", "--ro": "--read-only", "--allow-root": "--allow-other",
+    "--part-size": "--block-size", "--max-uploads": "--upload-concurrency",
+}
+"""Other mount tools' flags people type out of habit, and ours that do the same job."""
+
+
+def _suggestion(command: argparse.ArgumentParser, unknown: str) -> str:
+    """'; did you mean --x?' for a mistyped or another tool's flag, else ''."""
+    name = unknown.split("=", 1)[0]
+    known = [flag for flag in command._option_string_actions if flag.startswith("--")]
+    near = [PEER_FLAGS[name]] if name in PEER_FLAGS and PEER_FLAGS[name] in known else \
+        difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+    return f"; did you mean {near[0]}?" if near else ""
+
+
 def parse_args(argv: list[str] | None) -> Any:
     """Parse, letting `mount` take its positionals anywhere among its flags.
 
@@ -320,8 +382,13 @@ def parse_args(argv: list[str] | None) -> Any:
     """
     parser = build_parser()
     args, leftover = parser.parse_known_args(argv)
-    if leftover and args.command == "mount" and not any(a.startswith("-") for a in leftover):
+    flags = [item for item in leftover if item.startswith("-")]
+    if leftover and args.command == "mount" and not flags:
         args.targets.extend(leftover)
+    elif flags:
+        command = next(action for action in parser._actions
+                       if isinstance(action, argparse._SubParsersAction)).choices[args.command]
+        command.error(f"unrecognized argument {flags[0]}{_suggestion(command, flags[0])}")
     elif leftover:
         parser.error(f"unrecognized arguments: {' '.join(leftover)}")
     return args

@@ -77,7 +77,8 @@ class Filesystem:
         self.started_at = time.time()
         self.recent_errors = RecentErrors()
         logging.getLogger().addHandler(self.recent_errors)
-        self.metrics = Metrics()
+        self.metrics = Metrics(options.mount_name or str(mountpoint),
+                               ",".join(sorted(options.sources.values())))
         self.stores = {
             name: InstrumentedStore(open_store(url, options.endpoint_url, options.region),
                                     self.metrics)
@@ -127,7 +128,7 @@ class Filesystem:
         })
         if options.metrics_addr:
             host, port = options.metrics_addr
-            prometheus_client.start_http_server(port, host, registry=self.metrics.registry)
+            prometheus_client.start_http_server(port, host, registry=self.metrics.exported)
 
     def _watch_gauges(self) -> None:
         metrics = self.metrics

@@ -12,6 +12,7 @@ def format_status(status: dict[str, Any]) -> str:
              f"{status['uptime_seconds']:.0f}s)"]
     for name, url in status["sources"].items():
         lines.append(f"  source {name or '/'}: {url}")
+    lines.append(f"  cache dir: {status['cache_dir']}")
     for name, tier in status["tiers"].items():
         share = tier["used_bytes"] / tier["capacity_bytes"] if tier["capacity_bytes"] else 0.0
         lines.append(f"  {name:4} tier: {format_size(tier['used_bytes'])} of "
