@@ -14,19 +14,20 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlparse
 
 from . import __version__
 from .cache_dir import log_path
-from .client import Client
+from .client import Client, dead_mount_error
 from .config_file import load_config
 from .errors import AvafsError
 from .mounts import AVAFS_FSTYPE, is_dead, mount_at
 from .options import MOUNT_OPTIONS, MountOptions, build_mount_options, parse_option
 from .processes import wait_for_exit
-from .progress import WarmupProgress, summary
+from .progress import FlushProgress, WarmupProgress, summary
 from .sizes import UNITS_HELP, format_size
 from .status_text import format_status
 
@@ -75,10 +76,15 @@ def _add_umount_parser(commands: argparse._SubParsersAction) -> None:
                         help="unmount without waiting for uploads (they resume at next mount)")
     parser.set_defaults(run=_umount)
 
-    parser = commands.add_parser("flush", help="wait until everything written is uploaded",
+    parser = commands.add_parser("flush", help="wait until what was written is uploaded",
                                  description="Upload pending writes now and wait, with "
-                                             "progress, until the store has all of them.")
-    parser.add_argument("mountpoint", type=Path)
+                                             "progress, until the store has all of them: "
+                                             "everything in the mount, or what is under PATH.")
+    parser.add_argument("path", type=Path, metavar="PATH",
+                        help="the mountpoint, or a file or directory in the mount")
+    parser.add_argument("--timeout", type=float, metavar="S",
+                        help="give up waiting after S seconds: exit 1 and say what is left "
+                             "(it keeps uploading)")
     parser.set_defaults(run=_flush)
 
 
@@ -99,6 +105,9 @@ def _add_control_parsers(commands: argparse._SubParsersAction) -> None:
                         help="fill the disk tier (default) or RAM as well")
     parser.add_argument("--background", action="store_true",
                         help="return at once; 'avafs status' shows the progress")
+    parser.add_argument("--check", action="store_true",
+                        help="only say how much of it the tier holds, fetching nothing "
+                             "(exit 0 when all of it)")
     parser.set_defaults(run=_warmup)
 
     parser = commands.add_parser("status", help="show cache, upload and warmup state",
@@ -106,7 +115,19 @@ def _add_control_parsers(commands: argparse._SubParsersAction) -> None:
                                              "dirty data, warmups and recent errors.")
     parser.add_argument("mountpoint", type=Path)
     parser.add_argument("--json", action="store_true", help="the documented JSON document")
+    parser.add_argument("--watch", type=float, nargs="?", const=2.0, metavar="S",
+                        help="show it again every S seconds (default 2) until Ctrl-C")
     parser.set_defaults(run=_status)
+
+    parser = commands.add_parser(
+        "refresh", help="show changes made in the store now",
+        description="Forget the cached listings and attributes of PATH and everything under "
+                    "it, so objects created, changed or deleted in the store since show now "
+                    "instead of after --metadata-ttl seconds. Cached data stays: blocks are "
+                    "checked by ETag.")
+    parser.add_argument("path", type=Path, metavar="PATH",
+                        help="a directory or file in the mount (it need not exist yet)")
+    parser.set_defaults(run=_refresh)
 
     parser = commands.add_parser("evict", help="drop clean cached data",
                                  description="Drop the cached blocks of files (directories "
@@ -188,8 +209,7 @@ def check_mountpoint(mountpoint: Path) -> None:
     entry = mount_at(mountpoint)
     if entry is not None:
         if is_dead(mountpoint):
-            raise AvafsError(f"{mountpoint} is a dead mount (its daemon exited): run "
-                             f"'avafs umount {mountpoint}' first")
+            raise dead_mount_error(mountpoint)
         raise AvafsError(f"{mountpoint} is already mounted ({entry.fstype}): unmount it first")
     if not mountpoint.exists():
         raise AvafsError(f"mountpoint {mountpoint} does not exist: create it with "
@@ -296,6 +316,8 @@ def _warmup(args: argparse.Namespace) -> int:
         raise AvafsError("give PATHs to warm up, or --manifest FILE")
     client = _client_for(args.paths, args.mount)
     paths = [os.path.abspath(path) for path in args.paths]
+    if args.check:
+        return _check(client.check(paths, args.manifest, args.tier))
     if args.background:
         state = client.warmup(paths, args.manifest, args.threads, args.tier, background=True)
         print(f"warmup {state['id']} started in the background; follow it with "
@@ -304,6 +326,7 @@ def _warmup(args: argparse.Namespace) -> int:
     with WarmupProgress() as progress:
         state = client.warmup(paths, args.manifest, args.threads, args.tier,
                               progress=progress.update)
+        progress.update(state, final=True)
     print(summary(state))
     if state["files_skipped_for_space"]:
         print(f"avafs: warning: the set is larger than the {args.tier} tier; "
@@ -313,34 +336,61 @@ def _warmup(args: argparse.Namespace) -> int:
     return 1 if state["files_failed"] or state["state"] == "failed" else 0
 
 
-def _flush_with_progress(client: Client) -> dict:
-    printed = False
+def _check(result: dict) -> int:
+    """`warmup --check`: exits 0 only when everything named is cached."""
+    share = result["bytes_cached"] / result["bytes_total"] if result["bytes_total"] else 1.0
+    print(f"{result['tier']} tier holds {result['files_cached']}/{result['files_total']} files "
+          f"whole, {format_size(result['bytes_cached'])} of "
+          f"{format_size(result['bytes_total'])} ({share:.0%})")
+    for failure in result["failures"]:
+        print(f"avafs: failed: {failure['path']}: {failure['error']}", file=sys.stderr)
+    whole = result["files_cached"] == result["files_total"] and not result["failures"]
+    return 0 if whole else 1
 
-    def show(dirty: dict) -> None:
-        nonlocal printed
-        printed = True
-        print(f"flush: {dirty['upload_queue']} changes pending, "
-              f"{format_size(dirty['bytes'])} dirty, {dirty['uploading']} uploading",
-              flush=True)
 
-    result = client.flush(progress=show)
-    if printed:
-        print("flush: everything is in the store")
+def _flush_with_progress(client: Client, path: Path | None = None,
+                         timeout: float | None = None) -> dict:
+    with FlushProgress() as progress:
+        result = client.flush(progress=progress.update, path=path, timeout=timeout)
+        if progress.shown or result["upload_queue"]:
+            progress.update(result, final=True)
     return result
 
 
 def _flush(args: argparse.Namespace) -> int:
-    _flush_with_progress(Client(args.mountpoint))
+    path = Path(os.path.abspath(args.path))
+    client = Client.for_path(path)
+    result = _flush_with_progress(client, path, args.timeout)
+    if result["upload_queue"]:
+        raise AvafsError(f"flush of {path} timed out after {args.timeout:g}s: "
+                         f"{result['upload_queue']} changes ({format_size(result['bytes'])}) "
+                         "are not in the store yet; they keep uploading")
+    return 0
+
+
+def _refresh(args: argparse.Namespace) -> int:
+    path = Path(os.path.abspath(args.path))
+    Client.for_path(path).refresh(path)
+    print(f"refreshed {path}: listings and attributes under it are read from the store again")
     return 0
 
 
 def _status(args: argparse.Namespace) -> int:
-    status = Client(args.mountpoint).status()
-    if args.json:
-        print(json.dumps(status, indent=2, sort_keys=True))
-    else:
-        print(format_status(status))
-    return 0
+    client = Client(args.mountpoint)
+    if args.watch is None:
+        status = client.status()
+        print(json.dumps(status, indent=2, sort_keys=True) if args.json
+              else format_status(status))
+        return 0
+    clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else ""
+    try:
+        while True:
+            status = client.status()
+            report = json.dumps(status) if args.json else format_status(status)
+            print(f"{clear}{report}", end="\n" if clear else "\n\n", flush=True)
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 0
 
 
 def _evict(args: argparse.Namespace) -> int:

@@ -465,27 +465,41 @@ class WriteBack:
                 self.changed.wait(remaining if remaining is not None else 1.0)
         return True
 
-    def flush(self, progress: Callable[[dict], None] | None = None) -> dict:
-        """Upload everything now and wait until nothing is pending."""
+    def flush(self, progress: Callable[[dict], None] | None = None,
+              selects: Callable[[Pending], bool] | None = None,
+              timeout: float | None = None) -> dict:
+        """Upload everything now and wait until nothing is pending (nothing `selects`, if
+        given), or `timeout` seconds; the status of what is still pending is returned."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         self.eager = True
         try:
             with self.lock:
                 self.work.notify_all()
-                while self._pending:
+                while any(selects is None or selects(entry) for entry in self._pending.values()):
+                    remaining = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+                    if remaining <= 0:
+                        break
                     if progress is not None:
-                        progress(self.status())
-                    self.changed.wait(0.5)
+                        progress(self.status(selects))
+                    self.changed.wait(remaining)
         finally:
             self.eager = False
-        return self.status()
+        return self.status(selects)
 
-    def status(self) -> dict[str, int]:
+    def status(self, selects: Callable[[Pending], bool] | None = None) -> dict[str, int]:
+        """Dirty bytes and pending changes, of those `selects` picks if given."""
         with self.lock:
-            return {"bytes": self.dirty_bytes,
+            if selects is None:
+                pending = list(self._pending.values())
+                dirty = self.dirty_bytes
+            else:
+                pending = [entry for entry in self._pending.values() if selects(entry)]
+                dirty = sum(entry.size for entry in pending if entry.kind == DATA)
+            return {"bytes": dirty,
                     "files": sum(entry.kind == DATA and entry.file is not None
-                                 for entry in self._pending.values()),
-                    "upload_queue": len(self._pending),
-                    "uploading": sum(entry.uploading for entry in self._pending.values())}
+                                 for entry in pending),
+                    "upload_queue": len(pending),
+                    "uploading": sum(entry.uploading for entry in pending)}
 
     def close(self) -> None:
         self.journal.close()
