@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 
 TIERS = ("ram", "disk")
+STORE_OPERATIONS = ("get", "list", "head", "put", "delete", "copy")
 
 
 class _WithMountLabels:
@@ -72,6 +73,8 @@ class Metrics:
                             for source in ("ram", "disk", "store")}
         for tier in TIERS:
             self.evictions.labels(tier)
+        for operation in STORE_OPERATIONS:  # a zero, not no data, until the first failure
+            self.store_errors.labels(operation)
 
     def value(self, metric: Counter | Gauge, *labels: str) -> float:
         """Current value of a counter or gauge (children by label values)."""

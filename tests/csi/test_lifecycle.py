@@ -8,10 +8,13 @@ import os
 import stat
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from support import free_port
 
 from csi_driver.proto import csi_pb2
 
@@ -257,3 +260,13 @@ def test_publish_over_a_stale_mount_nobody_recorded(kubelet, file_volume, tmp_pa
     kubelet.publish("pv-1", target, file_volume)
     assert (target / "notes.txt").read_text() == "alice's notes\n"
     assert len(mountinfo.at(target)) == 1
+
+
+def test_metrics_attribute_serves_the_volume_labelled_with_its_id(kubelet, file_volume):
+    port = free_port()
+    kubelet.stage("pv-metrics", {**file_volume, "metricsAddr": f"127.0.0.1:{port}"})
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    mounts = {sample.labels["mount"] for family in text_string_to_metric_families(text)
+              for sample in family.samples}
+    assert mounts == {"pv-metrics"}
+    kubelet.unstage("pv-metrics")

@@ -75,3 +75,11 @@ def test_credentials_never_show_in_their_repr():
     for text in (repr(credentials), str(credentials)):
         assert "AKIAEXAMPLE" not in text and "s3cr3t" not in text and "t0ken" not in text
     assert parse_credentials({}) is None
+
+
+def test_metrics_addr_attribute_is_checked_like_the_flag():
+    spec, _ = parse_volume_context({"source": "s3://b", "metricsAddr": "0.0.0.0:9100"},
+                                   read_only=False)
+    assert spec.mount_flags() == ["--metrics-addr", "0.0.0.0:9100"]
+    with pytest.raises(CsiError, match="volumeAttributes.metricsAddr: must be HOST:PORT"):
+        parse_volume_context({"source": "s3://b", "metricsAddr": "9100"}, read_only=False)
