@@ -13,9 +13,11 @@ import sys
 import termios
 
 import pyte
+import pytest
 from support import AVAFS, run_avafs
 
-from avafs.client import Client
+from adapters.sources import PrefixSource
+from avafs.client import AvafsError, Client
 from avafs.processes import wait_for_exit
 
 MiB = 2**20
@@ -34,6 +36,12 @@ def test_refresh_shows_objects_created_in_the_store(local_bucket, mount):
     assert result.returncode == 1
     assert "--metadata-ttl" in result.stderr and "avafs refresh PATH" in result.stderr
     assert not (mnt / "a" / "new").exists()
+    (local_bucket / "b").mkdir()
+    (local_bucket / "b" / "sample").write_bytes(b"s")
+    with pytest.raises(NotADirectoryError, match="--metadata-ttl .*'avafs refresh PATH'"):
+        PrefixSource(mnt / "b")
+    with pytest.raises(AvafsError, match="--metadata-ttl .*'avafs refresh PATH'"):
+        Client(mnt).list_files(mnt / "b")
 
     result = run_avafs("refresh", str(mnt / "a" / "new"))
     assert result.returncode == 0, result.stderr
