@@ -362,9 +362,10 @@ def _flush(args: argparse.Namespace) -> int:
     client = Client.for_path(path)
     result = _flush_with_progress(client, path, args.timeout)
     if result["upload_queue"]:
-        raise AvafsError(f"flush of {path} timed out after {args.timeout:g}s: "
-                         f"{result['upload_queue']} changes ({format_size(result['bytes'])}) "
-                         "are not in the store yet; they keep uploading")
+        ended = "ended" if args.timeout is None else f"timed out after {args.timeout:g}s"
+        raise AvafsError(f"flush of {path} {ended}: {result['upload_queue']} changes "
+                         f"({format_size(result['bytes'])}) are not in the store yet; they keep "
+                         "uploading")
     return 0
 
 
