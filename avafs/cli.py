@@ -10,6 +10,7 @@ import argparse
 import difflib
 import json
 import logging
+import math
 import os
 import shutil
 import subprocess
@@ -39,6 +40,16 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
+    return seconds
 
 
 def _add_mount_parser(commands: argparse._SubParsersAction) -> None:
@@ -82,7 +93,7 @@ def _add_umount_parser(commands: argparse._SubParsersAction) -> None:
                                              "everything in the mount, or what is under PATH.")
     parser.add_argument("path", type=Path, metavar="PATH",
                         help="the mountpoint, or a file or directory in the mount")
-    parser.add_argument("--timeout", type=float, metavar="S",
+    parser.add_argument("--timeout", type=_positive_seconds, metavar="S",
                         help="give up waiting after S seconds: exit 1 and say what is left "
                              "(it keeps uploading)")
     parser.set_defaults(run=_flush)
@@ -115,7 +126,7 @@ def _add_control_parsers(commands: argparse._SubParsersAction) -> None:
                                              "dirty data, warmups and recent errors.")
     parser.add_argument("mountpoint", type=Path)
     parser.add_argument("--json", action="store_true", help="the documented JSON document")
-    parser.add_argument("--watch", type=float, nargs="?", const=2.0, metavar="S",
+    parser.add_argument("--watch", type=_positive_seconds, nargs="?", const=2.0, metavar="S",
                         help="show it again every S seconds (default 2) until Ctrl-C")
     parser.set_defaults(run=_status)
 

@@ -180,6 +180,14 @@ def test_umount_of_something_not_mounted(mnt):
     assert "not mounted" in line
 
 
+@pytest.mark.parametrize("args", [["flush", "/tmp", "--timeout", "-1"],
+                                  ["status", "/tmp", "--watch", "inf"],
+                                  ["status", "/tmp", "--watch", "soon"]])
+def test_bad_seconds_are_one_line(args):
+    line = one_line_error(run_avafs(*args))
+    assert "must be a number of seconds above 0" in line
+
+
 def test_help_states_the_size_units():
     help_text = " ".join(run_avafs("mount", "--help").stdout.split())
     assert "Ki Mi Gi Ti (powers of 1024" in help_text and "k M G T (powers of 1000" in help_text
