@@ -117,8 +117,8 @@ def _add_control_parsers(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--background", action="store_true",
                         help="return at once; 'avafs status' shows the progress")
     parser.add_argument("--check", action="store_true",
-                        help="only say how much of it the tier holds, fetching nothing "
-                             "(exit 0 when all of it)")
+                        help="only say how much of it is cached (with --tier ram: in RAM), "
+                             "fetching nothing (exit 0 when all of it)")
     parser.set_defaults(run=_warmup)
 
     parser = commands.add_parser("status", help="show cache, upload and warmup state",
@@ -350,9 +350,10 @@ def _warmup(args: argparse.Namespace) -> int:
 def _check(result: dict) -> int:
     """`warmup --check`: exits 0 only when everything named is cached."""
     share = result["bytes_cached"] / result["bytes_total"] if result["bytes_total"] else 1.0
-    print(f"{result['tier']} tier holds {result['files_cached']}/{result['files_total']} files "
-          f"whole, {format_size(result['bytes_cached'])} of "
-          f"{format_size(result['bytes_total'])} ({share:.0%})")
+    where = " in RAM" if result["tier"] == "ram" else ""
+    print(f"cached{where}: {result['files_cached']}/{result['files_total']} files whole, "
+          f"{format_size(result['bytes_cached'])} of {format_size(result['bytes_total'])} "
+          f"({share:.0%})")
     for failure in result["failures"]:
         print(f"avafs: failed: {failure['path']}: {failure['error']}", file=sys.stderr)
     whole = result["files_cached"] == result["files_total"] and not result["failures"]

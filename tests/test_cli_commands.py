@@ -62,13 +62,13 @@ def test_warmup_check_counts_what_is_cached_and_fetches_nothing(local_bucket, mo
     before = client.status()
     result = run_avafs("warmup", "--check", str(mnt / "d"))
     assert result.returncode == 1
-    assert result.stdout.strip() == "disk tier holds 0/2 files whole, 0 B of 6.0 MiB (0%)"
+    assert result.stdout.strip() == "cached: 0/2 files whole, 0 B of 6.0 MiB (0%)"
     assert client.status()["misses"] == before["misses"]
     assert client.status()["bytes_served"]["store"] == 0
 
     assert run_avafs("warmup", str(mnt / "d" / "x")).returncode == 0
     result = run_avafs("warmup", "--check", str(mnt / "d"))
-    assert result.stdout.strip() == "disk tier holds 1/2 files whole, 3.0 MiB of 6.0 MiB (50%)"
+    assert result.stdout.strip() == "cached: 1/2 files whole, 3.0 MiB of 6.0 MiB (50%)"
     assert client.check([mnt / "d"])["bytes_cached"] == 3 * MiB
 
 

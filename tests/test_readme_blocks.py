@@ -105,7 +105,7 @@ def test_warmup_status_refresh_flush_evict_example(tmp_path):
     assert result.returncode == 0, result.stderr
     output = result.stdout
     assert "warmup 1 done: 6 files" in output
-    assert "disk tier holds 6/6 files whole" in output
+    assert "cached: 6/6 files whole" in output
     assert "avafs mount /mnt/imagenet (pid " in output
     assert "refreshed /mnt/imagenet/train" in output
     assert "evicted " in output and " of 2 files" in output
