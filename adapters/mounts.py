@@ -7,6 +7,7 @@ drags in the filesystem's own dependencies.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,18 +15,32 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from avafs.client import Client
 
+log = logging.getLogger(__name__)
+_read_directly: set[Path] = set()
+"""Mounts already said to be read directly, so a process says it once per mount."""
+
 
 def client_for(path: str | os.PathLike[str], *, require_mount: bool) -> Client | None:
-    """The client of the mount holding `path`, or None when allowed to be outside any mount."""
+    """The client of the mount holding `path`; None when allowed to be outside any mount, and
+    where the mount's control socket is not visible (a pod's view of a CSI volume: the mount
+    is bound in, the daemon's cache dir is not), since the mount is then read directly."""
     from avafs.client import Client, NotAnAvafsMount
 
     try:
-        return Client.for_path(path)
+        client = Client.for_path(path)
     except NotAnAvafsMount as error:
         if require_mount:
             raise NotAnAvafsMount(
                 f"{error} (pass require_mount=False to read a plain local directory)") from None
         return None
+    if client.control_visible:
+        return client
+    if client.mountpoint not in _read_directly:
+        _read_directly.add(client.mountpoint)
+        log.info("reading the avafs mount %s directly: its control socket %s is not visible "
+                 "here (as in a pod's view of a CSI volume), so batched reads and prefetch "
+                 "hints are off", client.mountpoint, client.socket)
+    return None
 
 
 def manifest_root(manifest: str | os.PathLike[str],

@@ -489,7 +489,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--state", required=True,
                        help="SQLite state file, or etcd://HOST:PORT[/PREFIX]")
     serve.add_argument("--port", type=int, required=True, help="TCP port (0 picks a free one)")
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1: this machine only; "
+                            "0.0.0.0 for trainers on other machines)")
     serve.add_argument("--lease-ttl", type=_positive_seconds, default=DEFAULT_LEASE_TTL,
                        help="seconds a lease lives without renewal (default 60)")
     serve.set_defaults(run=_serve)

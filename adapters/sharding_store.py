@@ -52,8 +52,11 @@ class SQLiteStore:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        if not self.path.parent.is_dir():
-            raise FileNotFoundError(f"{self.path.parent}: directory for the state file does not exist")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise OSError(f"{self.path.parent}: cannot create the directory for the state file "
+                          f"({error.strerror})") from None
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")

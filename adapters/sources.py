@@ -77,7 +77,10 @@ class PrefixSource(ItemSource):
     def __init__(self, root: str | os.PathLike[str], suffixes: Sequence[str] = ()) -> None:
         super().__init__(root)
         if not self.root.is_dir():
-            raise NotADirectoryError(f"{self.root}: not a directory")
+            from avafs.client import NEW_OBJECTS_HINT
+
+            raise NotADirectoryError(f"{self.root}: not a directory (in an avafs mount, "
+                                     f"{NEW_OBJECTS_HINT})")
         self.suffixes = tuple(suffixes)
 
     def describe(self) -> str:

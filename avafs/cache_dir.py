@@ -1,4 +1,5 @@
-"""Where a mount keeps its files inside `--cache-dir`, and who may read them.
+"""Where a mount keeps its files: the default `--cache-dir`, the files inside it, and who may
+read them; one place, so tools agree on it.
 
 The cache dir holds cached blocks, not-yet-uploaded data and a log that names files, so it is
 private to the user who mounts: the directory is 0700 and the daemon creates everything in it
@@ -7,7 +8,12 @@ that older versions left group- or world-readable need no sweep, because nobody 
 reach them through a 0700 directory.
 """
 
+from __future__ import annotations
+
+import hashlib
+import json
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -52,3 +58,25 @@ def open_log_for_append(cache_dir: Path) -> int:
     """The log file as a descriptor a child process can write to, created owner-only."""
     return os.open(log_path(cache_dir), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
                    PRIVATE_FILE_MODE)
+
+
+def default_cache_root() -> Path:
+    if os.geteuid() == 0:
+        return Path("/var/cache/avafs")
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "avafs"
+
+
+def default_cache_dir(sources: dict[str, str], endpoint_url: str | None, block_size: int) -> Path:
+    """A directory of its own under the default root for each set of sources and each option
+    that changes what cached data means (the S3 endpoint, the block size): one daemon locks a
+    cache dir, so two mounts of different buckets with default settings each get their own,
+    and remounting the same bucket finds its cache and journal again. The name starts with the
+    end of the first source's URL (its bucket or directory), readable in `ls`; a hash of
+    everything that sets it apart follows."""
+    if endpoint_url is None and any(url.startswith("s3:") for url in sources.values()):
+        endpoint_url = os.environ.get("AWS_ENDPOINT_URL")
+    identity = json.dumps({"sources": sorted(sources.items()), "endpoint_url": endpoint_url,
+                           "block_size": block_size})
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:12]
+    label = re.sub(r"[^A-Za-z0-9._]+", "-", sorted(sources.values())[0])[-48:].strip("-")
+    return default_cache_root() / f"{label}-{digest}"

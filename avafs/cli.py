@@ -7,26 +7,30 @@ once the mount is usable, so the next line of a script can read from it.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
+import math
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, NoReturn
+from urllib.parse import urlparse
 
 from . import __version__
 from .cache_dir import log_path, open_log_for_append, prepare_cache_dir
-from .client import Client
+from .client import Client, dead_mount_error
 from .config_file import load_config
 from .errors import AvafsError
 from .log_format import printable
 from .mounts import AVAFS_FSTYPE, is_dead, mount_at
 from .options import MOUNT_OPTIONS, MountOptions, build_mount_options, parse_option
 from .processes import wait_for_exit
-from .progress import WarmupProgress, summary
-from .sizes import format_size
+from .progress import FlushProgress, WarmupProgress, summary
+from .sizes import UNITS_HELP, format_size
 from .status_text import format_status
 
 _DAEMON_START_TIMEOUT = 120.0
@@ -39,11 +43,23 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
+    return seconds
+
+
 def _add_mount_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "mount", help="mount buckets at a directory",
         description="Mount SOURCE (s3://bucket[/prefix] or file:///dir) at MOUNTPOINT, or the "
-                    "namespace of a YAML config with --config. Returns once the mount is usable.")
+                    "namespace of a YAML config with --config. Returns once the mount is usable.",
+        epilog=f"SIZE is a number with an optional unit: {UNITS_HELP}; so 10Gi is 10*2^30 "
+               "bytes and 10G is 10*10^9.")
     parser.add_argument("targets", nargs="+", metavar="[SOURCE] MOUNTPOINT")
     parser.add_argument("--config", type=Path, metavar="FILE",
                         help="YAML file: 'namespace' maps directory names to source URLs; other "
@@ -72,10 +88,15 @@ def _add_umount_parser(commands: argparse._SubParsersAction) -> None:
                         help="unmount without waiting for uploads (they resume at next mount)")
     parser.set_defaults(run=_umount)
 
-    parser = commands.add_parser("flush", help="wait until everything written is uploaded",
+    parser = commands.add_parser("flush", help="wait until what was written is uploaded",
                                  description="Upload pending writes now and wait, with "
-                                             "progress, until the store has all of them.")
-    parser.add_argument("mountpoint", type=Path)
+                                             "progress, until the store has all of them: "
+                                             "everything in the mount, or what is under PATH.")
+    parser.add_argument("path", type=Path, metavar="PATH",
+                        help="the mountpoint, or a file or directory in the mount")
+    parser.add_argument("--timeout", type=_positive_seconds, metavar="S",
+                        help="give up waiting after S seconds: exit 1 and say what is left "
+                             "(it keeps uploading)")
     parser.set_defaults(run=_flush)
 
 
@@ -96,6 +117,9 @@ def _add_control_parsers(commands: argparse._SubParsersAction) -> None:
                         help="fill the disk tier (default) or RAM as well")
     parser.add_argument("--background", action="store_true",
                         help="return at once; 'avafs status' shows the progress")
+    parser.add_argument("--check", action="store_true",
+                        help="only say how much of it is cached (with --tier ram: in RAM), "
+                             "fetching nothing (exit 0 when all of it)")
     parser.set_defaults(run=_warmup)
 
     parser = commands.add_parser("status", help="show cache, upload and warmup state",
@@ -103,7 +127,19 @@ def _add_control_parsers(commands: argparse._SubParsersAction) -> None:
                                              "dirty data, warmups and recent errors.")
     parser.add_argument("mountpoint", type=Path)
     parser.add_argument("--json", action="store_true", help="the documented JSON document")
+    parser.add_argument("--watch", type=_positive_seconds, nargs="?", const=2.0, metavar="S",
+                        help="show it again every S seconds (default 2) until Ctrl-C")
     parser.set_defaults(run=_status)
+
+    parser = commands.add_parser(
+        "refresh", help="show changes made in the store now",
+        description="Forget the cached listings and attributes of PATH and everything under "
+                    "it, so objects created, changed or deleted in the store since show now "
+                    "instead of after --metadata-ttl seconds. Cached data stays: blocks are "
+                    "checked by ETag.")
+    parser.add_argument("path", type=Path, metavar="PATH",
+                        help="a directory or file in the mount (it need not exist yet)")
+    parser.set_defaults(run=_refresh)
 
     parser = commands.add_parser("evict", help="drop clean cached data",
                                  description="Drop the cached blocks of files (directories "
@@ -124,15 +160,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def source_url(text: str) -> str:
+    """A source URL as given, or a one-line error; a local directory written as a path or as a
+    relative file:// URL gets the absolute file:/// URL to use instead."""
+    parsed = urlparse(text)
+    if parsed.scheme == "file" and (parsed.netloc not in ("", "localhost")
+                                    or not parsed.path.startswith("/")):
+        raise AvafsError(f"invalid source {text!r}: a local bucket is file:///absolute/dir "
+                         f"(did you mean {Path(text[len('file://'):]).absolute().as_uri()}?)")
+    if not parsed.scheme and Path(text).is_dir():
+        raise AvafsError(f"invalid source {text!r}: a source is a URL (did you mean "
+                         f"{Path(text).absolute().as_uri()}?)")
+    return text
+
+
 def mount_options_from_args(args: argparse.Namespace) -> tuple[MountOptions, Path]:
+    """Options and mountpoint, every path absolute against the caller's working directory
+    (the daemon runs from /)."""
     if args.config:
         if len(args.targets) != 1:
             raise AvafsError("with --config give only MOUNTPOINT (sources come from the config)")
-        sources, values = load_config(args.config)
+        sources, values = load_config(args.config.absolute())
     else:
         if len(args.targets) != 2:
             raise AvafsError("give SOURCE and MOUNTPOINT, or --config FILE and MOUNTPOINT")
         sources, values = {"": args.targets[0]}, {}
+    sources = {name: source_url(url) for name, url in sources.items()}
     for spec in MOUNT_OPTIONS:
         given = getattr(args, spec.name)
         if given is not None:
@@ -145,12 +198,30 @@ def mount_options_from_args(args: argparse.Namespace) -> tuple[MountOptions, Pat
     return options, Path(os.path.abspath(args.targets[-1]))
 
 
+def daemon_argv(args: argparse.Namespace, options: MountOptions, mountpoint: Path) -> list[str]:
+    """The `avafs mount` arguments the background daemon runs with: the caller's, with every
+    path made absolute and the cache dir settled, so the daemon (started from /) mounts what
+    the caller named, where the caller meant."""
+    argv = ["mount"]
+    if args.config:
+        argv += [f"--config={args.config.absolute()}"]
+    else:
+        argv.append(options.sources[""])
+    argv.append(str(mountpoint))
+    for spec in MOUNT_OPTIONS:
+        given = getattr(args, spec.name)
+        if spec.name == "cache_dir":
+            argv.append(f"{spec.flag}={options.cache_dir}")
+        elif given is not None:
+            argv.append(spec.flag if spec.is_flag else f"{spec.flag}={given}")
+    return argv
+
+
 def check_mountpoint(mountpoint: Path) -> None:
     entry = mount_at(mountpoint)
     if entry is not None:
         if is_dead(mountpoint):
-            raise AvafsError(f"{mountpoint} is a dead mount (its daemon exited): run "
-                             f"'avafs umount {mountpoint}' first")
+            raise dead_mount_error(mountpoint)
         raise AvafsError(f"{mountpoint} is already mounted ({entry.fstype}): unmount it first")
     if not mountpoint.exists():
         raise AvafsError(f"mountpoint {mountpoint} does not exist: create it with "
@@ -181,16 +252,16 @@ def _mount(args: argparse.Namespace) -> int:
         from .daemon import serve  # imports pyfuse3, which check_fuse has vouched for
 
         return serve(options, mountpoint, args.ready_fd)
-    return _start_daemon(options, mountpoint)
+    return _start_daemon(options, daemon_argv(args, options, mountpoint))
 
 
-def _start_daemon(options: MountOptions, mountpoint: Path) -> int:
+def _start_daemon(options: MountOptions, argv: list[str]) -> int:
     prepare_cache_dir(options.cache_dir)
     read_end, write_end = os.pipe()
     log_file = open_log_for_append(options.cache_dir)
     try:
         daemon = subprocess.Popen(
-            [sys.executable, "-m", "avafs", *sys.argv[1:], "--ready-fd", str(write_end)],
+            [sys.executable, "-m", "avafs", *argv, "--ready-fd", str(write_end)],
             pass_fds=(write_end,), start_new_session=True, cwd="/",
             stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
     finally:
@@ -260,6 +331,8 @@ def _warmup(args: argparse.Namespace) -> int:
         raise AvafsError("give PATHs to warm up, or --manifest FILE")
     client = _client_for(args.paths, args.mount)
     paths = [os.path.abspath(path) for path in args.paths]
+    if args.check:
+        return _check(client.check(paths, args.manifest, args.tier))
     if args.background:
         state = client.warmup(paths, args.manifest, args.threads, args.tier, background=True)
         print(f"warmup {state['id']} started in the background; follow it with "
@@ -268,6 +341,7 @@ def _warmup(args: argparse.Namespace) -> int:
     with WarmupProgress() as progress:
         state = client.warmup(paths, args.manifest, args.threads, args.tier,
                               progress=progress.update)
+        progress.update(state, final=True)
     print(summary(state))
     if state["files_skipped_for_space"]:
         print(f"avafs: warning: the set is larger than the {args.tier} tier; "
@@ -277,39 +351,70 @@ def _warmup(args: argparse.Namespace) -> int:
     return 1 if state["files_failed"] or state["state"] == "failed" else 0
 
 
-def _flush_with_progress(client: Client) -> dict:
-    printed = False
+def _check(result: dict) -> int:
+    """`warmup --check`: exits 0 only when everything named is cached."""
+    share = result["bytes_cached"] / result["bytes_total"] if result["bytes_total"] else 1.0
+    where = " in RAM" if result["tier"] == "ram" else ""
+    print(f"cached{where}: {result['files_cached']}/{result['files_total']} files whole, "
+          f"{format_size(result['bytes_cached'])} of {format_size(result['bytes_total'])} "
+          f"({share:.0%})")
+    for failure in result["failures"]:
+        print(f"avafs: failed: {failure['path']}: {failure['error']}", file=sys.stderr)
+    whole = result["files_cached"] == result["files_total"] and not result["failures"]
+    return 0 if whole else 1
 
-    def show(dirty: dict) -> None:
-        nonlocal printed
-        printed = True
-        print(f"flush: {dirty['upload_queue']} changes pending, "
-              f"{format_size(dirty['bytes'])} dirty, {dirty['uploading']} uploading",
-              flush=True)
 
-    result = client.flush(progress=show)
-    refused = result.get("set_aside", [])
-    for entry in refused:
-        path = "/".join(part for part in (str(client.mountpoint), entry["source"], entry["key"])
-                        if part)
-        print(f"avafs: not uploaded, the store refuses it (kept locally): {printable(path)}: "
+def _flush_with_progress(client: Client, path: Path | None = None,
+                         timeout: float | None = None) -> dict:
+    with FlushProgress() as progress:
+        result = client.flush(progress=progress.update, path=path, timeout=timeout)
+        if progress.shown or result["upload_queue"]:
+            progress.update(result, final=True)
+    for entry in result.get("set_aside", []):
+        where = "/".join(part for part in (str(client.mountpoint), entry["source"], entry["key"])
+                         if part)
+        print(f"avafs: not uploaded, the store refuses it (kept locally): {printable(where)}: "
               f"{entry['error']}", file=sys.stderr)
-    if printed and not refused:
-        print("flush: everything is in the store")
+    return result
     return result
 
 
 def _flush(args: argparse.Namespace) -> int:
-    return 1 if _flush_with_progress(Client(args.mountpoint)).get("set_aside") else 0
+    path = Path(os.path.abspath(args.path))
+    client = Client.for_path(path)
+    result = _flush_with_progress(client, path, args.timeout)
+    refused = len(result.get("set_aside", []))
+    if result["upload_queue"] > refused:
+        ended = "ended" if args.timeout is None else f"timed out after {args.timeout:g}s"
+        raise AvafsError(f"flush of {path} {ended}: {result['upload_queue'] - refused} changes "
+                         f"({format_size(result['bytes'])}) are not in the store yet; they keep "
+                         "uploading")
+    return 1 if refused else 0
+
+
+def _refresh(args: argparse.Namespace) -> int:
+    path = Path(os.path.abspath(args.path))
+    Client.for_path(path).refresh(path)
+    print(f"refreshed {path}: listings and attributes under it are read from the store again")
+    return 0
 
 
 def _status(args: argparse.Namespace) -> int:
-    status = Client(args.mountpoint).status()
-    if args.json:
-        print(json.dumps(status, indent=2, sort_keys=True))
-    else:
-        print(format_status(status))
-    return 0
+    client = Client(args.mountpoint)
+    if args.watch is None:
+        status = client.status()
+        print(json.dumps(status, indent=2, sort_keys=True) if args.json
+              else format_status(status))
+        return 0
+    clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else ""
+    try:
+        while True:
+            status = client.status()
+            report = json.dumps(status) if args.json else format_status(status)
+            print(f"{clear}{report}", end="\n" if clear else "\n\n", flush=True)
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 0
 
 
 def _evict(args: argparse.Namespace) -> int:
@@ -321,6 +426,28 @@ def _evict(args: argparse.Namespace) -> int:
     return 1 if result["failures"] else 0
 
 
+PEER_FLAGS = {
+    "--cache-size": "--disk-cache", "--max-cache-size": "--disk-cache",
+    "--vfs-cache-max-size": "--disk-cache", "--free-space-ratio": "--high-watermark",
+    "--buffer-size": "--inflight-memory", "--max-memory": "--inflight-memory",
+    "--dir-cache-time": "--metadata-ttl", "--attr-timeout": "--metadata-ttl",
+    "--entry-timeout": "--metadata-ttl", "--stat-cache-ttl": "--metadata-ttl",
+    "--prefetch": "--read-ahead", "--max-readahead": "--read-ahead",
+    "--endpoint": "--endpoint-url", "--ro": "--read-only", "--allow-root": "--allow-other",
+    "--part-size": "--block-size", "--max-uploads": "--upload-concurrency",
+}
+"""Other mount tools' flags people type out of habit, and ours that do the same job."""
+
+
+def _suggestion(command: argparse.ArgumentParser, unknown: str) -> str:
+    """'; did you mean --x?' for a mistyped or another tool's flag, else ''."""
+    name = unknown.split("=", 1)[0]
+    known = [flag for flag in command._option_string_actions if flag.startswith("--")]
+    near = [PEER_FLAGS[name]] if name in PEER_FLAGS and PEER_FLAGS[name] in known else \
+        difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+    return f"; did you mean {near[0]}?" if near else ""
+
+
 def parse_args(argv: list[str] | None) -> Any:
     """Parse, letting `mount` take its positionals anywhere among its flags.
 
@@ -329,8 +456,13 @@ def parse_args(argv: list[str] | None) -> Any:
     """
     parser = build_parser()
     args, leftover = parser.parse_known_args(argv)
-    if leftover and args.command == "mount" and not any(a.startswith("-") for a in leftover):
+    flags = [item for item in leftover if item.startswith("-")]
+    if leftover and args.command == "mount" and not flags:
         args.targets.extend(leftover)
+    elif flags:
+        command = next(action for action in parser._actions
+                       if isinstance(action, argparse._SubParsersAction)).choices[args.command]
+        command.error(f"unrecognized argument {flags[0]}{_suggestion(command, flags[0])}")
     elif leftover:
         parser.error(f"unrecognized arguments: {' '.join(leftover)}")
     return args

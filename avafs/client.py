@@ -16,19 +16,26 @@ from pathlib import Path
 from typing import Any
 
 from .control import Connection, call
-from .errors import AvafsError
+from .errors import NEW_OBJECTS_HINT, AvafsError
 from .known_locations import KnownLocations, known_locations
 from .manifest import ManifestError, read_manifest
-from .mounts import AVAFS_FSTYPE, containing_mount, mount_at
+from .mounts import AVAFS_FSTYPE, containing_mount, is_dead, mount_at
 
 CONTROL_XATTR = "user.avafs.control"
 
 
-__all__ = ["AvafsError", "Client", "ManifestError", "NotAnAvafsMount"]
+__all__ = ["NEW_OBJECTS_HINT", "AvafsError", "Client", "ManifestError", "NotAnAvafsMount",
+           "dead_mount_error"]
 
 
 class NotAnAvafsMount(AvafsError):
     """The path is not inside an avafs mount."""
+
+
+def dead_mount_error(mountpoint: Path) -> AvafsError:
+    """What every command says of a mount whose daemon exited."""
+    return AvafsError(f"{mountpoint} is a dead mount (its daemon exited): run "
+                      f"'avafs umount {mountpoint}' first")
 
 
 class Client:
@@ -40,8 +47,9 @@ class Client:
         try:
             self.socket = Path(os.getxattr(self.mountpoint, CONTROL_XATTR).decode())
         except OSError:
-            raise NotAnAvafsMount(f"{self.mountpoint} is not an avafs mount (or its daemon is "
-                                  "gone)") from None
+            if is_dead(self.mountpoint):
+                raise dead_mount_error(self.mountpoint) from None
+            raise NotAnAvafsMount(f"{self.mountpoint} is not an avafs mount") from None
         entry = mount_at(self.mountpoint)
         self.root = entry.root.strip("/") if entry and entry.fstype == AVAFS_FSTYPE else ""
         self._base = str(self.mountpoint).rstrip("/")
@@ -96,9 +104,30 @@ class Client:
               timeout: float | None = 60.0, **arguments: Any) -> dict[str, Any]:
         return call(self.socket, {"op": op, **arguments}, progress, timeout)
 
+    @property
+    def control_visible(self) -> bool:
+        """Whether this process can see the daemon's control socket: not in a pod's view of
+        a CSI volume, where only the mount is bind-mounted in; the mount is then read
+        directly."""
+        return self.socket.exists()
+
     def status(self) -> dict[str, Any]:
         """The documented status document (see README, "Status JSON")."""
         return self._call("status")
+
+    def refresh(self, path: str | os.PathLike) -> dict[str, Any]:
+        """Forget the cached listings and attributes at and under `path`, so objects created,
+        changed or deleted in the store since show now instead of after --metadata-ttl."""
+        return self._call("refresh", path=self.relative(path))
+
+    def check(self, paths: Iterable[str | os.PathLike] = (),
+              manifest: str | os.PathLike | None = None, tier: str = "disk") -> dict[str, Any]:
+        """How much of these files (directories recursively, manifest entries) the tier holds,
+        fetching nothing: files_total, bytes_total, files_cached, bytes_cached, failures."""
+        items = self._items(paths, manifest)
+        if not items:
+            raise AvafsError("nothing to check: give paths or a manifest")
+        return self._call("check", timeout=None, items=items, tier=tier)
 
     def warmup(self, paths: Iterable[str | os.PathLike] = (),
                manifest: str | os.PathLike | None = None, threads: int = 8, tier: str = "disk",
@@ -247,6 +276,11 @@ class Client:
             os.close(descriptor)
         return data if len(data) == size else None
 
-    def flush(self, progress: Callable[[dict], None] | None = None) -> dict[str, Any]:
-        """Upload everything written so far and wait until the store has it all."""
-        return self._call("flush", progress, timeout=None)
+    def flush(self, progress: Callable[[dict], None] | None = None,
+              path: str | os.PathLike | None = None,
+              timeout: float | None = None) -> dict[str, Any]:
+        """Upload what was written so far (under `path`, or everything) and wait until the
+        store has it, or `timeout` seconds; the answer counts what is still pending there
+        (`upload_queue` 0 when all of it is in the store)."""
+        where = {} if path is None else {"path": self.relative(path)}
+        return self._call("flush", progress, timeout=None, limit=timeout, **where)

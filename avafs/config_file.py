@@ -6,11 +6,14 @@
     disk_cache: 100GiB
     metadata_ttl: inf
 
-Errors name the file and line, because a config is usually written by hand and checked in.
+Errors name the file and line, because a config is usually written by hand and checked in; a
+mistyped key gets the nearest known one. A relative `cache_dir` is taken relative to the config
+file's directory, so a config checked in beside its cache works from any working directory.
 """
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +73,13 @@ def load_config(path: Path) -> tuple[dict[str, str], dict[str, Any]]:
         elif key in OPTIONS_BY_NAME:
             values[key] = parse_option(key, _scalar(path, value_node), f"{key!r} in {where}")
         else:
-            raise AvafsError(f"unknown config key {key!r} ({where}): keys are 'namespace' and "
-                             "mount flags' long names with underscores, e.g. disk_cache")
+            near = difflib.get_close_matches(key.replace("-", "_"),
+                                             ["namespace", *OPTIONS_BY_NAME], n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise AvafsError(f"unknown config key {key!r} ({where}): {hint}keys are 'namespace' "
+                             "and mount flags' long names with underscores, e.g. disk_cache")
     if not sources:
         raise AvafsError(f"invalid config {path}: it has no 'namespace' mapping")
+    if values.get("cache_dir"):
+        values["cache_dir"] = str(path.absolute().parent / Path(values["cache_dir"]).expanduser())
     return sources, values

@@ -32,7 +32,7 @@ from .cache_dir import (
     prepare_cache_dir,
 )
 from .control import SOCKET_NAME, ControlServer, Progress
-from .errors import AvafsError
+from .errors import NEW_OBJECTS_HINT, AvafsError
 from .file_reads import KEEP_LOCATIONS_FOR, FileReads
 from .fuse_ops import AvafsOperations
 from .in_place_watch import InPlaceWatch
@@ -50,6 +50,7 @@ from .tiers.ram import RamTier
 from .tiers.stack import TierStack
 from .warmup import Prefetcher, WarmupRunner, expand
 from .writeback.manager import WriteBack
+from .writeback.pending import Pending
 from .writeback.uploader import Uploader
 
 log = logging.getLogger("avafs")
@@ -89,7 +90,8 @@ class Filesystem:
         self.started_at = time.time()
         self.recent_errors = RecentErrors()
         logging.getLogger().addHandler(self.recent_errors)
-        self.metrics = Metrics()
+        self.metrics = Metrics(options.mount_name or str(mountpoint),
+                               ",".join(sorted(options.sources.values())))
         self.stores = {
             name: InstrumentedStore(open_store(url, options.endpoint_url, options.region,
                                                limits=StoreLimits(options.store_timeout,
@@ -137,6 +139,9 @@ class Filesystem:
                 "queued": self.prefetcher.submit(request["items"])},
             "evict": self._evict,
             "flush": self._flush,
+            "refresh": self._refresh,
+            "check": lambda request, progress: self.warmups.check(
+                request["items"], str(request.get("tier", "disk"))),
             "read": FileReads(self.namespace, self.stack, self.writeback, self.in_place,
                               self.locations).handle,
             "list": self._list,
@@ -144,7 +149,7 @@ class Filesystem:
         })
         if options.metrics_addr:
             host, port = options.metrics_addr
-            prometheus_client.start_http_server(port, host, registry=self.metrics.registry)
+            prometheus_client.start_http_server(port, host, registry=self.metrics.exported)
 
     def _watch_gauges(self) -> None:
         metrics = self.metrics
@@ -164,7 +169,29 @@ class Filesystem:
     def _flush(self, request: dict, progress: Progress) -> dict:
         if self.writeback is None:
             return self.dirty_status()
-        return self.writeback.flush(progress)
+        selects = None
+        if "path" in request:
+            try:
+                source, key, info = self.namespace.resolve(request["path"])
+            except IsADirectoryError:  # the root of a mount of several sources: everything
+                source, key, info = "", "", None
+            except FileNotFoundError:
+                raise AvafsError(f"cannot flush {request['path']}: not found in the mount") \
+                    from None
+            if source or key:
+                def selects(entry: Pending) -> bool:
+                    return entry.source == source and (
+                        entry.key == key if info is not None else entry.key.startswith(key))
+        return self.writeback.flush(progress, selects, request.get("limit"))
+
+    def _refresh(self, request: dict, progress: Progress) -> dict:
+        """Forgets cached listings and attributes under a path, the kernel's included."""
+        import pyfuse3
+
+        entries = self.namespace.refresh(request["path"])
+        for parent, name in entries:
+            pyfuse3.invalidate_entry_async(parent, os.fsencode(name), ignore_enoent=True)
+        return {"entries": len(entries)}
 
     def _warmup(self, request: dict, progress: Progress) -> dict:
         job = self.warmups.start(request["items"], int(request.get("threads", 8)),
@@ -180,8 +207,9 @@ class Filesystem:
         try:
             return {"files": self.namespace.files_under(path)}
         except (FileNotFoundError, NotADirectoryError) as error:
+            hint = f" ({NEW_OBJECTS_HINT})" if isinstance(error, FileNotFoundError) else ""
             raise AvafsError(f"cannot list {path or '/'} in the mount: "
-                             f"{error.__class__.__name__}") from None
+                             f"{error.__class__.__name__}{hint}") from None
 
     def _cached(self, request: dict, progress: Progress) -> dict:
         """For each item, the share of its blocks the cache holds (None: not found)."""

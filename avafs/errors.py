@@ -5,6 +5,10 @@ raised as `AvafsError` with a one-line message that names the problem and what t
 prints it and exits non-zero. Anything else is a bug and keeps its traceback in the log.
 """
 
+NEW_OBJECTS_HINT = ("objects created in the store since the mount listed their directory appear "
+                    "after --metadata-ttl seconds; 'avafs refresh PATH' shows them now")
+"""Said wherever a path is not found in a mount, since a new object is the usual reason."""
+
 
 class AvafsError(Exception):
     """A user-facing, one-line error."""

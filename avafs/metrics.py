@@ -2,18 +2,43 @@
 
 `avafs status` and the `/metrics` endpoint read the same objects, so the two can never
 disagree. Each daemon has its own registry (tests run several daemons' code in one process).
+The endpoint serves them through `exported`, which adds the labels that tell one mount from
+another in a cluster's Prometheus: `mount` (the mountpoint, or the CSI volume id) and
+`source_url` (the mount's sources, comma-separated), on every sample.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
 
 TIERS = ("ram", "disk")
+STORE_OPERATIONS = ("get", "list", "head", "put", "delete", "copy")
+
+
+class _WithMountLabels:
+    """A collector that yields a registry's metrics with the mount's labels added."""
+
+    def __init__(self, registry: CollectorRegistry, labels: dict[str, str]) -> None:
+        self.registry = registry
+        self.labels = labels
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            labelled = Metric(family.name, family.documentation, family.type, family.unit)
+            labelled.samples = [sample._replace(labels={**sample.labels, **self.labels})
+                                for sample in family.samples]
+            yield labelled
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, mount: str = "", source_url: str = "") -> None:
         self.registry = CollectorRegistry()
+        self.exported = CollectorRegistry(auto_describe=False)
+        self.exported.register(_WithMountLabels(self.registry,
+                                                {"mount": mount, "source_url": source_url}))
         r = self.registry
         self.hits = Counter("avafs_cache_hits", "Block reads served by a tier", ["tier"], registry=r)
         self.misses = Counter("avafs_cache_misses", "Block reads that went to the store", registry=r)
@@ -54,6 +79,8 @@ class Metrics:
                             for source in ("ram", "disk", "store")}
         for tier in TIERS:
             self.evictions.labels(tier)
+        for operation in STORE_OPERATIONS:  # a zero, not no data, until the first failure
+            self.store_errors.labels(operation)
 
     def value(self, metric: Counter | Gauge, *labels: str) -> float:
         """Current value of a counter or gauge (children by label values)."""

@@ -508,6 +508,39 @@ class Namespace:
 
     # --- paths, for the control plane ------------------------------------------------------
 
+    def refresh(self, relative: str) -> list[tuple[int, str]]:
+        """Forget what is cached about `relative` and everything under it (`avafs refresh`):
+        the listings of the directory, of its sub-directories and of its parent (where a new
+        object at that path would appear), and the attributes of its nodes, so the next look
+        asks the store. Returns the (parent inode, name) of every entry the kernel may have
+        cached at or under the path, the path itself included even if it was never found,
+        so the caller can have the kernel forget them too. Works on names only: no I/O."""
+        parts = [part for part in relative.split("/") if part not in ("", ".")]
+        if not self.single_source and not parts:
+            sources = set(self.stores)
+            prefix = ""
+        else:
+            sources = {"" if self.single_source else parts[0]}
+            inside = parts if self.single_source else parts[1:]
+            prefix = "".join(f"{part}/" for part in inside)
+        parent = prefix[:prefix.rstrip("/").rfind("/") + 1] if prefix else ""
+        with self._lock:
+            for slot in [slot for slot in self._listings if slot[0] in sources
+                         and (slot[1].startswith(prefix) or slot[1] == parent)]:
+                del self._listings[slot]
+            entries = []
+            for node in self._nodes.values():
+                if node.inode != ROOT_INODE and node.source in sources and (
+                        node.key.startswith(prefix) or node.key == prefix.rstrip("/")):
+                    node.checked_at = -math.inf
+                    entries.append((node.parent, node.name))
+            inode = ROOT_INODE
+            for part in parts[:-1]:
+                inode = self._children.get((inode, part), 0)
+            if parts and inode:
+                entries.append((inode, parts[-1]))
+        return entries
+
     def resolve(self, relative: str, listings: dict[tuple[str, str], _Listing] | None = None
                 ) -> tuple[str, str, ObjectInfo | None]:
         """(source, key, info) of a file or (source, prefix, None) of a directory, by its path

@@ -8,12 +8,13 @@ drift apart, and every value is validated by the same parser whichever way it ar
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+from .cache_dir import default_cache_dir
 from .errors import AvafsError
 from .sizes import parse_size
 
@@ -106,17 +107,23 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def _endpoint(value: Any) -> str:
+    """An http(s) URL; `host:port` alone (as MinIO's docs write it) gets the URL to use."""
+    text = str(value).strip()
+    parts = urlsplit(text)
+    if parts.scheme in ("http", "https") and parts.netloc:
+        return text
+    if "://" not in text:
+        raise ValueError(f"expected an http:// or https:// URL, got {text!r} (did you mean "
+                         f"http://{text}?)")
+    raise ValueError(f"expected an http:// or https:// URL, got {text!r}")
+
+
 def _address(value: Any) -> tuple[str, int]:
     host, separator, port = str(value).rpartition(":")
     if not separator or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"must be HOST:PORT, e.g. 127.0.0.1:9100, got {value!r}")
     return host or "0.0.0.0", int(port)
-
-
-def default_cache_dir() -> str:
-    if os.geteuid() == 0:
-        return "/var/cache/avafs"
-    return str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "avafs")
 
 
 @dataclass(frozen=True)
@@ -135,13 +142,14 @@ class OptionSpec:
 
 MOUNT_OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("cache_dir", _text, None, "directory of the disk tier, its index, the log and "
-               "the control socket (default ~/.cache/avafs, or /var/cache/avafs as root)", metavar="DIR"),
-    OptionSpec("block_size", _positive_size, 4 * 2**20, "size of a cached block (default 4MiB)",
+               "the control socket (default: one per source and block size under "
+               "~/.cache/avafs, or /var/cache/avafs as root)", metavar="DIR"),
+    OptionSpec("block_size", _positive_size, 4 * 2**20, "size of a cached block (default 4Mi)",
                metavar="SIZE"),
-    OptionSpec("ram_cache", _size, 2**30, "RAM tier size (default 1GiB; 0 disables it)", metavar="SIZE"),
+    OptionSpec("ram_cache", _size, 2**30, "RAM tier size (default 1Gi; 0 disables it)", metavar="SIZE"),
     OptionSpec("ram_cache_files", _positive_count, 200_000,
                "most blocks the RAM tier holds (default 200000)", metavar="N"),
-    OptionSpec("disk_cache", _size, 10 * 2**30, "disk tier size (default 10GiB)", metavar="SIZE"),
+    OptionSpec("disk_cache", _size, 10 * 2**30, "disk tier size (default 10Gi)", metavar="SIZE"),
     OptionSpec("disk_cache_files", _positive_count, 1_000_000,
                "most files the disk tier holds (default 1000000)", metavar="N"),
     OptionSpec("high_watermark", _fraction, 0.90,
@@ -155,7 +163,7 @@ MOUNT_OPTIONS: tuple[OptionSpec, ...] = (
                "blocks streamed ahead of a sequential reader; the window doubles while it stays "
                "sequential (default 8; 0 disables)", metavar="N"),
     OptionSpec("inflight_memory", _positive_size, 256 * 2**20,
-               "bound on memory held by fetches in flight, read-ahead included (default 256MiB)",
+               "bound on memory held by fetches in flight, read-ahead included (default 256Mi)",
                metavar="SIZE"),
     OptionSpec("metadata_ttl", _seconds, 60.0,
                "seconds listings and attributes are trusted before revalidation (default 60; inf)",
@@ -174,7 +182,7 @@ MOUNT_OPTIONS: tuple[OptionSpec, ...] = (
                "run eagerly (default 0.5)", metavar="F"),
     OptionSpec("upload_concurrency", _positive_count, 4,
                "files uploaded at once (default 4)", metavar="N"),
-    OptionSpec("endpoint_url", _text, None,
+    OptionSpec("endpoint_url", _endpoint, None,
                "S3 endpoint (default: AWS_ENDPOINT_URL or AWS itself)", metavar="URL"),
     OptionSpec("region", _text, None, "S3 region (default: the AWS configuration's)", metavar="REGION"),
     OptionSpec("store_timeout", _timeout, 5.0,
@@ -201,6 +209,9 @@ MOUNT_OPTIONS: tuple[OptionSpec, ...] = (
                is_flag=True),
     OptionSpec("metrics_addr", _address, None,
                "serve Prometheus metrics on HOST:PORT (default: off)", metavar="HOST:PORT"),
+    OptionSpec("mount_name", _text, None,
+               "the 'mount' label of every metric (default: the mountpoint; the CSI driver "
+               "gives the volume id)", metavar="NAME"),
     OptionSpec("log_level", _choice("debug", "info", "warning", "error"), "info",
                "log verbosity (default info)", metavar="LEVEL"),
 )
@@ -244,6 +255,7 @@ class MountOptions:
     dir_mode: int
     listing_attrs: bool
     metrics_addr: tuple[str, int] | None
+    mount_name: str | None
     log_level: str
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -264,7 +276,11 @@ def parse_option(name: str, value: Any, where: str) -> Any:
 def build_mount_options(sources: dict[str, str], values: dict[str, Any]) -> MountOptions:
     """Apply defaults, then check what only the combination of values can tell."""
     settled = {spec.name: values.get(spec.name, spec.default) for spec in MOUNT_OPTIONS}
-    settled["cache_dir"] = Path(settled["cache_dir"] or default_cache_dir()).expanduser().absolute()
+    if settled["cache_dir"]:
+        settled["cache_dir"] = Path(settled["cache_dir"]).expanduser().absolute()
+    else:
+        settled["cache_dir"] = default_cache_dir(sources, settled["endpoint_url"],
+                                                 settled["block_size"])
     if settled["low_watermark"] >= settled["high_watermark"]:
         raise AvafsError(
             f"invalid watermarks: --low-watermark ({settled['low_watermark']}) must be below "

@@ -1,15 +1,41 @@
-"""Human sizes (`4MiB`, `10GiB`, `1.5TB`) for flags and config values."""
+"""Sizes in flags, YAML config values and CSI volume attributes: one parser for all three.
+
+Kubernetes quantities are read as Kubernetes reads them: `Ki Mi Gi Ti Pi` are powers of 1024,
+`k M G T P` powers of 1000 (so `10G` is 10^9 bytes and `10Gi` is 10 * 2^30). The byte-unit
+spellings people also write stay accepted with their usual meaning: `KiB MiB GiB TiB` are
+powers of 1024, `KB MB GB TB` powers of 1000. Units are case-insensitive except `m`, which
+Kubernetes reads as milli: `10m` is refused rather than guessed. Sizes are shown in powers of
+1024 only (`format_size`), so one report never mixes the two systems.
+"""
+
+from __future__ import annotations
 
 import re
 
-_UNITS = {
-    "": 1, "B": 1,
-    "K": 1024, "KB": 1000, "KIB": 1024,
-    "M": 1024**2, "MB": 1000**2, "MIB": 1024**2,
-    "G": 1024**3, "GB": 1000**3, "GIB": 1024**3,
-    "T": 1024**4, "TB": 1000**4, "TIB": 1024**4,
-}
+_BINARY = {"KI": 1, "MI": 2, "GI": 3, "TI": 4, "PI": 5}
+_DECIMAL = {"K": 1, "M": 2, "G": 3, "T": 4, "P": 5}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+
+UNITS_HELP = ("Ki Mi Gi Ti (powers of 1024, also KiB..TiB) or k M G T (powers of 1000, "
+              "also KB..TB), as Kubernetes reads them")
+"""What `--help` and error messages say about units."""
+
+
+def _multiplier(unit: str) -> int | None:
+    if unit == "m":
+        return None
+    upper = unit.upper()
+    if upper in ("", "B"):
+        return 1
+    if upper.endswith("IB") and upper[:-1] in _BINARY:
+        return 1024 ** _BINARY[upper[:-1]]
+    if upper in _BINARY:
+        return 1024 ** _BINARY[upper]
+    if upper.endswith("B") and upper[:-1] in _DECIMAL:
+        return 1000 ** _DECIMAL[upper[:-1]]
+    if upper in _DECIMAL:
+        return 1000 ** _DECIMAL[upper]
+    return None
 
 
 def parse_size(text: str | int) -> int:
@@ -19,11 +45,11 @@ def parse_size(text: str | int) -> int:
             raise ValueError(f"size must not be negative: {text}")
         return text
     match = _SIZE.match(str(text))
-    unit = match.group(2).upper() if match else None
-    if not match or unit not in _UNITS:
+    multiplier = _multiplier(match.group(2)) if match else None
+    if match is None or multiplier is None:
         raise ValueError(f"invalid size {text!r}: use a number with an optional unit "
-                         "B, KiB, MiB, GiB, TiB (or KB, MB, GB, TB), e.g. 10GiB")
-    return int(float(match.group(1)) * _UNITS[unit])
+                         f"{UNITS_HELP}, e.g. 10Gi")
+    return int(float(match.group(1)) * multiplier)
 
 
 def format_size(size: float) -> str:

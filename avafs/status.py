@@ -62,6 +62,7 @@ def build_status(filesystem: Filesystem) -> dict[str, Any]:
         "pid": filesystem.pid,
         "uptime_seconds": round(time.time() - filesystem.started_at, 3),
         "sources": dict(options.sources),
+        "cache_dir": str(options.cache_dir),
         "block_size": options.block_size,
         "tiers": tiers,
         "hits": hits,

@@ -22,6 +22,7 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append(f"  source {name or '/'}: {url}" + (
             "" if health["reachable"] else f" UNREACHABLE for {health['unreachable_seconds']:.0f}s"
             f" ({health['last_error']}); writes are kept locally until it answers"))
+    lines.append(f"  cache dir: {status['cache_dir']}")
     for name, tier in status["tiers"].items():
         share = tier["used_bytes"] / tier["capacity_bytes"] if tier["capacity_bytes"] else 0.0
         lines.append(f"  {name:4} tier: {format_size(tier['used_bytes'])} of "

@@ -17,7 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from .errors import AvafsError
+from .errors import NEW_OBJECTS_HINT, AvafsError
 from .metrics import Metrics
 from .namespace import Namespace
 from .stores.base import ObjectInfo
@@ -70,8 +70,11 @@ def expand(namespace: Namespace, items: list[dict[str, str]],
         try:
             path = item["path"] if "path" in item else namespace.path_of_url(item["url"])
             source, key, info = namespace.resolve(path)
-        except (FileNotFoundError, IsADirectoryError, KeyError) as error:
-            failures.append((name, f"not found in the mount ({error.__class__.__name__})"))
+        except (FileNotFoundError, KeyError):
+            failures.append((name, f"not found in the mount ({NEW_OBJECTS_HINT})"))
+            continue
+        except IsADirectoryError as error:
+            failures.append((name, str(error)))
             continue
         except AvafsError as error:
             failures.append((name, str(error)))
@@ -109,6 +112,25 @@ class WarmupRunner:
         threading.Thread(target=self._run, args=(state, items, threads), daemon=True,
                          name=f"avafs-warmup-{state.id}").start()
         return state
+
+    def check(self, items: list[dict[str, str]], tier: str) -> dict:
+        """How much of the files named by `items` the tier holds, fetching nothing but the
+        listings (`avafs warmup --check`)."""
+        failures: list[tuple[str, str]] = []
+        targets = expand(self.namespace, items, failures)
+        block = self.stack.block_size
+        result = {"tier": tier, "files_total": len(targets), "bytes_total": 0,
+                  "files_cached": 0, "bytes_cached": 0,
+                  "failures": [{"path": path, "error": error} for path, error in failures]}
+        for target in targets:
+            size = target.ref.size
+            cached = sum(min(block, size - index * block)
+                         for index in range(self.stack.block_count(target.ref))
+                         if self.stack.is_cached(target.ref, index, tier))
+            result["bytes_total"] += size
+            result["bytes_cached"] += cached
+            result["files_cached"] += cached == size
+        return result
 
     def wait(self, state: WarmupState, timeout: float) -> None:
         """Until the warmup finishes or `timeout` passes, whichever is first (a warmup command

@@ -26,10 +26,11 @@ class PathGone(Exception):
 
 def mount_arguments(record: VolumeRecord, namespace_config: str) -> list[str]:
     """The source part of `avafs mount`: a URL, or `--config FILE` for a namespace."""
+    flags = [*record.spec.mount_flags(), "--mount-name", record.volume_id]
     if record.spec.namespace is not None:
-        return ["--config", namespace_config, *record.spec.mount_flags()]
+        return ["--config", namespace_config, *flags]
     assert record.spec.source is not None
-    return [record.spec.source, *record.spec.mount_flags()]
+    return [record.spec.source, *flags]
 
 
 def _make_directory(path: str) -> None:

@@ -18,12 +18,14 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from avafs.options import OPTIONS_BY_NAME
+from avafs.sizes import parse_size
+
 from .errors import invalid_argument
 
 POD_INFO_PREFIX = "csi.storage.k8s.io/"
 """Keys kubelet adds to the volume context when the CSIDriver has podInfoOnMount: true."""
 
-_SIZE = re.compile(r"^\d+(\.\d+)?\s*(B|K|KB|KiB|M|MB|MiB|G|GB|GiB|T|TB|TiB)?$", re.IGNORECASE)
 _SUB_PATH_VARIABLE = re.compile(r"\$\{([^}]*)\}")
 SUB_PATH_VARIABLES = {
     "pod.name": POD_INFO_PREFIX + "pod.name",
@@ -35,8 +37,13 @@ SUB_PATH_VARIABLES = {
 
 
 def _size(value: str) -> str:
-    if not _SIZE.match(value):
-        raise ValueError("expected a size such as 512MiB or 10GiB")
+    """Checked by the one size parser of flags and config files (Kubernetes quantities)."""
+    parse_size(value)
+    return value
+
+
+def _metrics_address(value: str) -> str:
+    OPTIONS_BY_NAME["metrics_addr"].parse(value)
     return value
 
 
@@ -120,6 +127,7 @@ VALUE_ATTRIBUTES: dict[str, Callable[[str], str]] = {
     "gid": _id,
     "fileMode": _mode,
     "dirMode": _mode,
+    "metricsAddr": _metrics_address,
 }
 """Attributes passed to `avafs mount` as `--flag VALUE`."""
 

@@ -7,10 +7,12 @@ Fixtures live in conftest.py; plain helpers live here so tests in any folder can
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 AVAFS = [sys.executable, "-m", "avafs"]
@@ -110,3 +112,92 @@ def run_python_as(uid: int, code: str, *args: str, gid: int | None = None,
 
     return subprocess.run([SYSTEM_PYTHON, "-c", code, *args], capture_output=True, text=True,
                           timeout=timeout, preexec_fn=drop_privileges, cwd="/")
+@dataclass(frozen=True)
+class CodeBlock:
+    """A fenced code block of a Markdown file and the marker comment on the line above it."""
+
+    path: Path
+    line: int
+    language: str
+    text: str
+    marker: str
+    """'excerpt', 'tested: TEST FILE', or '' (unmarked)."""
+
+
+def code_blocks(path: Path) -> list[CodeBlock]:
+    lines = path.read_text().splitlines()
+    blocks, index = [], 0
+    while index < len(lines):
+        fence = re.match(r"^(```+)(\S*)\s*$", lines[index])
+        if fence is None:
+            index += 1
+            continue
+        end = next(number for number in range(index + 1, len(lines))
+                   if lines[number].startswith(fence.group(1)))
+        above = lines[index - 1].strip() if index else ""
+        marker = re.fullmatch(r"<!-- (excerpt|tested: \S+) -->", above)
+        blocks.append(CodeBlock(path, index + 1, fence.group(2),
+                                "\n".join(lines[index + 1:end]) + "\n",
+                                marker.group(1) if marker else ""))
+        index = end + 1
+    return blocks
+
+
+def marked_block(path: Path, starting: str) -> str:
+    """The text of the one block of `path` marked as tested whose first line is `starting`."""
+    [block] = [block for block in code_blocks(path)
+               if block.marker.startswith("tested:") and block.text.startswith(starting)]
+    return block.text
+
+
+EXAMPLE_HOSTS = ("coordinator", "minio")
+"""Host names the READMEs' examples use, the loopback address inside `run_example`."""
+
+_EXAMPLE_SCRIPT = """set -e
+avafs_mounts() {{
+  awk '$3 == "fuse.avafs" {{print $2}}' /proc/self/mounts
+}}
+inherited=$(avafs_mounts)
+cleanup() {{
+  for mounted in $(avafs_mounts); do
+    echo "$inherited" | grep -qxF "$mounted" || avafs umount --no-flush "$mounted" || true
+  done
+  kill $(jobs -p) 2>/dev/null || true
+}}
+trap cleanup EXIT
+ip link set lo up
+for directory in /mnt /srv /var/lib /var/cache; do
+  mount -t tmpfs readme-example "$directory"
+done
+mount --bind {root}/hosts /etc/hosts
+{setup}
+cd {root}/work
+{body}
+"""
+
+
+def run_example(root: Path, body: str, setup: str = "",
+                env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run a README example (shell) as written, in private mount and network namespaces.
+
+    The examples name /mnt/..., /srv/..., /var/lib/..., the default cache dir under /var/cache
+    and hosts such as `coordinator`: here tmpfs covers those directories, /etc/hosts maps
+    EXAMPLE_HOSTS to the loopback, and `avafs` and `python3` are this interpreter, so the
+    example touches nothing outside. `setup` (shell) runs first (in `root`); the example runs
+    in `root/work`, and every avafs mount it made is unmounted at the end (the namespace's
+    copies of other mounts are left alone).
+    """
+    (root / "work").mkdir(parents=True, exist_ok=True)
+    (root / "hosts").write_text(f"127.0.0.1 localhost {' '.join(EXAMPLE_HOSTS)}\n")
+    commands = root / "bin"
+    commands.mkdir(exist_ok=True)
+    for name, arguments in (("avafs", "-m avafs"), ("python3", "")):
+        (commands / name).write_text(f'#!/bin/sh\nexec {sys.executable} {arguments} "$@"\n')
+        (commands / name).chmod(0o755)
+    script = _EXAMPLE_SCRIPT.format(root=root, setup=f"cd {root}\n{setup}", body=body)
+    repo = Path(__file__).resolve().parent.parent
+    return subprocess.run(
+        ["unshare", "--mount", "--net", "--propagation", "private", "sh", "-c", script],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, **(env or {}), "PATH": f"{commands}:{os.environ['PATH']}",
+             "PYTHONPATH": str(repo)})

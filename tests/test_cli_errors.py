@@ -146,6 +146,12 @@ def test_libfuse_missing(local_bucket, mnt, tmp_path):
     (["--low-watermark", "0.95"], "invalid watermarks"),
     (["--metadata-ttl", "-3"], "invalid --metadata-ttl"),
     (["--writeback", "sometimes"], "invalid --writeback"),
+    (["--endpoint-url", "127.0.0.1:9"], "did you mean http://127.0.0.1:9?"),
+    (["--endpoint-url", "ftp://host"], "expected an http:// or https:// URL"),
+    (["--disk-cache", "10m"], "k M G T (powers of 1000"),
+    (["--disk-cahce", "10Gi"], "unrecognized argument --disk-cahce; did you mean --disk-cache?"),
+    (["--cache-size=10G"], "unrecognized argument --cache-size=10G; did you mean --disk-cache?"),
+    (["--dir-cache-time", "5"], "did you mean --metadata-ttl?"),
 ])
 def test_invalid_option_values(local_bucket, mnt, tmp_path, flags, expected):
     line = one_line_error(run_avafs("mount", local_bucket.as_uri(), str(mnt), *flags,
@@ -157,6 +163,7 @@ def test_invalid_option_values(local_bucket, mnt, tmp_path, flags, expected):
     ("namespace:\n  data: s3://b\n  bad: [unclosed\n", "line 4"),
     ("namespace:\n  data: file:///tmp\ndisk_cache: huge\n", "line 3"),
     ("namespace:\n  data: file:///tmp\ncolour: blue\n", "unknown config key 'colour'"),
+    ("namespace:\n  data: file:///tmp\ndisk_cahce: 1Gi\n", "did you mean 'disk_cache'?"),
     ("disk_cache: 1GiB\n", "no 'namespace'"),
     ("namespace:\n  a/b: file:///tmp\n", "without '/'"),
 ])
@@ -171,6 +178,20 @@ def test_bad_config(mnt, tmp_path, text, expected):
 def test_umount_of_something_not_mounted(mnt):
     line = one_line_error(run_avafs("umount", str(mnt)))
     assert "not mounted" in line
+
+
+@pytest.mark.parametrize("args", [["flush", "/tmp", "--timeout", "-1"],
+                                  ["status", "/tmp", "--watch", "inf"],
+                                  ["status", "/tmp", "--watch", "soon"]])
+def test_bad_seconds_are_one_line(args):
+    line = one_line_error(run_avafs(*args))
+    assert "must be a number of seconds above 0" in line
+
+
+def test_help_states_the_size_units():
+    help_text = " ".join(run_avafs("mount", "--help").stdout.split())
+    assert "Ki Mi Gi Ti (powers of 1024" in help_text and "k M G T (powers of 1000" in help_text
+    assert "10G is 10*10^9" in help_text
 
 
 def test_missing_arguments_are_one_line(tmp_path):

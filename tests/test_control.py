@@ -114,7 +114,11 @@ def test_progress_lines_when_not_a_terminal(local_bucket, mount):
     result = run_avafs("warmup", str(mnt), "--threads", "1")
     assert result.returncode == 0
     lines = result.stdout.strip().splitlines()
-    assert lines[0].startswith("warmup 1: ") and " files, " in lines[0]
+    assert lines[:-1], "no progress line"
+    for line in lines[:-1]:
+        assert line == "warmup 1: listing files and checking what is cached" or (
+            line.startswith("warmup 1: running, ") and "/4 files, " in line
+            and "/16.0 MiB, " in line), line
     assert lines[-1].startswith("warmup 1 done: 4 files (16.0 MiB) loaded")
     assert "\x1b[" not in result.stdout
 
@@ -173,8 +177,13 @@ def test_metrics_endpoint_matches_the_workload(local_bucket, mount, tmp_path):
     Client(mnt).warmup([mnt])
     (mnt / "m.bin").read_bytes()
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for family in text_string_to_metric_families(text) for s in family.samples}
+    mount_labels = {"mount": str(mnt), "source_url": local_bucket.as_uri()}
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = dict(sample.labels)
+            assert {name: labels.pop(name, None) for name in mount_labels} == mount_labels
+            samples[(sample.name, tuple(sorted(labels.items())))] = sample.value
     assert samples[("avafs_cache_misses_total", ())] == 3
     assert samples[("avafs_store_requests_total", (("operation", "get"),))] == 3
     assert samples[("avafs_warmup_files_total", ())] == 1

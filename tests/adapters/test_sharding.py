@@ -13,7 +13,7 @@ import time
 import uuid
 
 import pytest
-from adapters_testlib import REPO
+from adapters_testlib import REPO, stop_process
 
 from adapters.sharding import (
     AckResult,
@@ -156,7 +156,8 @@ def run_serve(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--state", "s3://bucket/state", "--port", "0"], "must be a file path or etcd://HOST:PORT"),
-    (["--state", "/no/such/dir/state.db", "--port", "0"], "/no/such/dir: directory for the state"),
+    (["--state", "/etc/hostname/dir/state.db", "--port", "0"],
+     "/etc/hostname/dir: cannot create the directory for the state file (Not a directory)"),
     (["--state", "etcd://127.0.0.1", "--port", "0"], "expected etcd://HOST:PORT"),
     (["--state", "state.db", "--port", "0", "--lease-ttl", "-3"], "must be a positive number"),
 ])
@@ -166,6 +167,18 @@ def test_serve_rejects_bad_input_with_one_line(args, message):
     error_line = result.stderr.strip().splitlines()[-1]  # argparse prints its usage above it
     assert error_line.startswith("python -m adapters.sharding serve: ")
     assert message in error_line
+
+
+def test_serve_creates_the_state_file_directory(tmp_path):
+    state = tmp_path / "var" / "lib" / "avafs" / "sharding.db"
+    service = subprocess.Popen([sys.executable, "-m", "adapters.sharding", "serve", "--state",
+                                str(state), "--port", "0"], cwd=REPO, stdout=subprocess.PIPE,
+                               text=True)
+    try:
+        assert service.stdout.readline().startswith("adapters.sharding: serving http://")
+        assert state.is_file()
+    finally:
+        stop_process(service)
 
 
 def test_serve_reports_unreachable_etcd():

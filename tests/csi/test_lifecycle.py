@@ -8,10 +8,13 @@ import os
 import stat
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from support import free_port
 
 from csi_driver.proto import csi_pb2
 
@@ -290,3 +293,11 @@ def test_fs_group_of_the_pod_owns_the_volume_and_a_conflicting_one_is_refused(ku
     error = rpc_error(lambda: kubelet.node.NodePublishVolume(publish, timeout=150))
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "fsGroup is 999" in error.details()
+def test_metrics_attribute_serves_the_volume_labelled_with_its_id(kubelet, file_volume):
+    port = free_port()
+    kubelet.stage("pv-metrics", {**file_volume, "metricsAddr": f"127.0.0.1:{port}"})
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    mounts = {sample.labels["mount"] for family in text_string_to_metric_families(text)
+              for sample in family.samples}
+    assert mounts == {"pv-metrics"}
+    kubelet.unstage("pv-metrics")

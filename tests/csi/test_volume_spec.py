@@ -90,3 +90,9 @@ def test_owner_and_mode_attributes_and_the_pods_fs_group():
     for attribute, value in (("fileMode", "0999"), ("uid", "-1"), ("dirMode", "rwx")):
         with pytest.raises(CsiError, match=f"volumeAttributes.{attribute}"):
             parse_volume_context({"source": "s3://b", attribute: value}, read_only=False)
+def test_metrics_addr_attribute_is_checked_like_the_flag():
+    spec, _ = parse_volume_context({"source": "s3://b", "metricsAddr": "0.0.0.0:9100"},
+                                   read_only=False)
+    assert spec.mount_flags() == ["--metrics-addr", "0.0.0.0:9100"]
+    with pytest.raises(CsiError, match="volumeAttributes.metricsAddr: must be HOST:PORT"):
+        parse_volume_context({"source": "s3://b", "metricsAddr": "9100"}, read_only=False)
