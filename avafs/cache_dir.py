@@ -80,3 +80,14 @@ def default_cache_dir(sources: dict[str, str], endpoint_url: str | None, block_s
     digest = hashlib.sha256(identity.encode()).hexdigest()[:12]
     label = re.sub(r"[^A-Za-z0-9._]+", "-", sorted(sources.values())[0])[-48:].strip("-")
     return default_cache_root() / f"{label}-{digest}"
+
+
+def unuploaded_in_shared_default(cache_dir: Path) -> int:
+    """Files not yet uploaded in the cache dir that every mount shared by default before each
+    set of sources got its own (the default root itself), when this mount uses another one:
+    only a mount that names that directory uploads them, so the user must be told."""
+    root = default_cache_root()
+    data = root / WRITEBACK_DIR / "data"
+    if cache_dir == root or not data.is_dir():
+        return 0
+    return sum(1 for _ in data.iterdir())

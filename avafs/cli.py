@@ -21,7 +21,13 @@ from typing import Any, NoReturn
 from urllib.parse import urlparse
 
 from . import __version__
-from .cache_dir import log_path, open_log_for_append, prepare_cache_dir
+from .cache_dir import (
+    default_cache_root,
+    log_path,
+    open_log_for_append,
+    prepare_cache_dir,
+    unuploaded_in_shared_default,
+)
 from .client import Client, dead_mount_error
 from .config_file import load_config
 from .errors import AvafsError
@@ -248,11 +254,21 @@ def _mount(args: argparse.Namespace) -> int:
     if args.ready_fd is None:
         check_mountpoint(mountpoint)
         check_fuse()
+        _warn_of_unuploaded_writes(options.cache_dir)
     if args.foreground or args.ready_fd is not None:
         from .daemon import serve  # imports pyfuse3, which check_fuse has vouched for
 
         return serve(options, mountpoint, args.ready_fd)
     return _start_daemon(options, daemon_argv(args, options, mountpoint))
+
+
+def _warn_of_unuploaded_writes(cache_dir: Path) -> None:
+    left = unuploaded_in_shared_default(cache_dir)
+    if left:
+        root = default_cache_root()
+        print(f"avafs: warning: {root}, the cache dir every mount used by default before, holds "
+              f"{left} files not yet uploaded: mount its sources once with --cache-dir {root} "
+              "to upload them", file=sys.stderr)
 
 
 def _start_daemon(options: MountOptions, argv: list[str]) -> int:

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from support import is_mounted, run_avafs, unmount
+from support import is_mounted, run_avafs, run_example, unmount
 
 
 @pytest.fixture
@@ -85,3 +85,21 @@ def test_two_mounts_with_default_cache_dirs(tmp_path):
             unmount(path)
         for path in cache_dirs:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def test_writes_left_in_the_old_shared_default_cache_dir_are_pointed_out(tmp_path, local_bucket):
+    """Before each set of sources had a default cache dir of its own, every mount used the root
+    one; writes journaled there are uploaded only by a mount that names it, so say so."""
+    body = f"""mkdir -p /var/cache/avafs/writeback/data mnt
+touch /var/cache/avafs/writeback/data/left-over
+avafs mount {local_bucket.as_uri()} mnt 2> warning.txt
+avafs umount mnt
+cat warning.txt
+"""
+    result = run_example(tmp_path / "example", body)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (
+        "avafs: warning: /var/cache/avafs, the cache dir every mount used by default before, "
+        "holds 1 files not yet uploaded: mount its sources once with --cache-dir "
+        "/var/cache/avafs to upload them")
