@@ -399,8 +399,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(format_arrival_table(summaries, args.demand))
         if args.plot:
+            seeds = f"{args.seeds} seed{'s' if args.seeds > 1 else ''}"
             write_arrival_plot(summaries, args.plot, f"{Path(args.pods).stem}: GPU allocation "
-                               f"as demand arrives ({len(runs) // len(names)} seeds)")
+                               f"as demand arrives ({seeds})")
     else:
         if args.json:
             print(json.dumps(reports if args.policy == "all" else reports[0]))
