@@ -276,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     results = Results()
     source = source_state()
     started = time.monotonic()
+    stopped = None
     server = s3server.start_store(args.store, workdir)
     try:
         versions = {"store": server.version(), **versions}
@@ -283,7 +284,12 @@ def main(argv: list[str] | None = None) -> int:
         setup = prepare(args, workdir, server, results, profiler, mounts)
         print(f"dataset ready in {time.monotonic() - started:.0f}s on {versions['store']}; "
               f"peers: {', '.join(peers) or 'none'}", file=sys.stderr, flush=True)
-        run_rounds(args, setup, mounts)
+        try:
+            run_rounds(args, setup, mounts)
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as error:
+            stopped = f"{type(error).__name__}: {error}"
+            print(f"run stopped early; the report has the rounds measured so far: {stopped}",
+                  file=sys.stderr, flush=True)
     finally:
         unmount_everything()
         server.stop()
@@ -294,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     source["changed_during_run"] = \
         source_state()["avafs_sources_sha256"] != source["avafs_sources_sha256"]
     report = document(args, results, versions, time.monotonic() - started, profiler, source)
+    report["stopped_early"] = stopped
     print(format_table(report["workloads"]))
     print()
     print(format_cpu_table(report["workloads"]))
@@ -312,9 +319,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         print("(smoke run: tiny data and one round; the verdicts mean nothing here)")
     print(f"{report['date']}  {report['command']}  {report['elapsed_seconds']}s")
+    if stopped:
+        print(f"WARNING: the run stopped early ({stopped}): medians are of the rounds measured")
     if args.json:
         write_json(args.json, report)
-    return 0
+    return 1 if stopped else 0
 
 
 if __name__ == "__main__":
