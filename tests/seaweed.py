@@ -3,10 +3,11 @@
 The test suite's fast S3-compatible store and the benchmark's default store use this one
 module (the benchmark puts this folder on its path). Every server is its own `weed` process
 on free loopback ports chosen together, gRPC ports included (SeaweedFS would otherwise take
-each HTTP port + 10000), and the S3 gateway's Iceberg and Lance listeners are turned off, so
-two clusters, or a cluster and anything else on the machine, never collide. Each volume
-server can be killed with SIGKILL and started again on the same ports and data folder, as a
-crashed storage node comes back.
+each HTTP port + 10000), and the S3 gateway's Iceberg and Lance listeners (fixed ports by
+default) are turned off, so clusters side by side do not fight over ports. The gateway is
+its own `weed s3` process: `weed filer -s3` did not open its S3 port in this version. Each
+volume server can be killed with SIGKILL and started again on the same ports and data
+folder, as a crashed storage node comes back.
 
 `start()` returns once the S3 gateway answers and the master counts every volume server, so
 a write right after it has the replicas its placement needs. The gateway accepts any
@@ -28,6 +29,8 @@ from pathlib import Path
 WEED_VERSION = "4.48"
 _START_TIMEOUT = 60.0
 _STOP_TIMEOUT = 3.0
+"""SIGTERM, then SIGKILL after this: the filer takes 10 s to stop gracefully, and a cluster is
+only ever stopped once nothing uses it."""
 
 
 def weed_binary() -> str:
