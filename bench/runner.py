@@ -35,6 +35,7 @@ from workloads import (
 
 WRITES_UNAVAILABLE = "not available (EROFS): this avafs takes no writes"
 PEER_WRITES_SKIPPED = "not measured: add --peer-writes"
+OWN_FORMAT = "not measured: stores its own format, so the bucket cannot show the writes durable"
 WRITE_KEYS = ("write_large", "write_small")
 SERVER_CEILING = "server ceiling: all large files at once, whole-object GETs, 8 threads"
 PEER_STAT_ONCE = "measured in round 1 only: its first walk costs one HEAD per file"
@@ -208,9 +209,10 @@ class FuseRound:
 
     def _warmup_and_writes(self) -> None:
         is_avafs = isinstance(self.mount, AvafsMount)
-        if not is_avafs and not self.setup.peer_writes:
+        if not is_avafs and not (self.setup.peer_writes and self.mount.writes_in_bucket):
+            reason = OWN_FORMAT if self.setup.peer_writes else PEER_WRITES_SKIPPED
             for key in WRITE_KEYS:
-                self.setup.results.note(key, self.name, PEER_WRITES_SKIPPED)
+                self.setup.results.note(key, self.name, reason)
             return
         cache = self.setup.cache_dir(f"{self.name}-r{self.number}-w")
         self.mount.mount(cache)

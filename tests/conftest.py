@@ -1,6 +1,7 @@
 """Fixtures shared by every part's tests: a real S3-compatible server and real avafs mounts.
 
-The S3 side is moto's standalone HTTP server on a free loopback port, reached through the same
+The S3 side is moto's standalone HTTP server on a free loopback port (or, where a test needs a
+fast store or a cluster, SeaweedFS from seaweed.py), reached through the same
 boto3 code that talks to AWS. Mounts are made through the `avafs` command line, exactly as a user
 makes them, and torn down even when a test fails.
 """
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from fault_proxy import FaultProxy
+from seaweed import SeaweedCluster
 from support import AVAFS, TEST_CREDENTIALS, S3Server, unmount
 
 
@@ -23,6 +25,17 @@ def s3_server(tmp_path_factory) -> Iterator[S3Server]:
     server = S3Server(tmp_path_factory.mktemp("moto") / "access.log")
     yield server
     server.stop()
+
+
+@pytest.fixture
+def seaweed_cluster(tmp_path) -> Iterator[SeaweedCluster]:
+    """A SeaweedFS cluster of this test's own: master, two volume servers keeping every
+    object on both (replication 001), filer and S3 gateway, on free loopback ports; a test
+    may kill and restart a volume server (`kill_volume`, `restart_volume`)."""
+    cluster = SeaweedCluster(tmp_path / "seaweed", volume_servers=2, replication="001")
+    cluster.start()
+    yield cluster
+    cluster.stop()
 
 
 @pytest.fixture

@@ -1,7 +1,9 @@
-"""The benchmark's smoke mode, as CI runs it: a real moto server, real mounts, tiny data.
+"""The benchmark's smoke mode, as CI runs it: a real store (SeaweedFS, the default, with every
+peer; moto with none), real mounts, tiny data.
 
 No timing is asserted (timing targets live in bench/, as ratios); the test checks that the
-command runs end to end, reports every workload with sane numbers, and leaves no mount behind.
+command runs end to end on each store, reports every workload with sane numbers and the CPU
+seconds of every mount's serving process, and leaves no mount behind.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 WRITES = ("write_large", "write_small")
@@ -35,11 +39,15 @@ def mounts_under(path: Path) -> list[str]:
         return [line.split()[4] for line in mountinfo if line.split()[4].startswith(str(path))]
 
 
-def test_smoke_run_reports_every_workload(tmp_path):
+@pytest.mark.parametrize(("store", "peers", "version"), [
+    ("seaweedfs", ("rclone", "juicefs", "s3fs"), "SeaweedFS 4.48"),
+    ("moto", (), "moto "),
+])
+def test_smoke_run_reports_every_workload(tmp_path, store, peers, version):
     report, workdir = tmp_path / "bench.json", tmp_path / "work"
     result = subprocess.run(
         [sys.executable, str(REPO / "bench" / "benchmark.py"), "--smoke", "--json",
-         str(report), "--workdir", str(workdir)],
+         str(report), "--workdir", str(workdir), "--store", store, "--peers", ",".join(peers)],
         capture_output=True, text=True, timeout=600, cwd=REPO)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "| cold, large files" in result.stdout
@@ -47,6 +55,8 @@ def test_smoke_run_reports_every_workload(tmp_path):
 
     document = json.loads(report.read_text())
     assert document["smoke"] is True
+    assert document["store"] == store
+    assert document["versions"]["store"].startswith(version)
     assert document["machine"]["cpus"] >= 1
     workloads = document["workloads"]
     assert set(workloads) == set(REQUIRED)
@@ -62,3 +72,7 @@ def test_smoke_run_reports_every_workload(tmp_path):
             assert len(entry["rounds"][system]) == 1, (key, system)
         assert entry["target"]
         assert entry["met"] in (True, False, None)
+    for system in ("avafs", *peers):
+        cpu = workloads["cold_large"]["cpu_seconds"][system]
+        assert cpu is not None and cpu >= 0, (system, cpu)
+        assert workloads["peak_rss"]["results"][system] > 0, system
