@@ -18,6 +18,7 @@ from typing import TypeVar
 
 import pytest
 from datasets import payload
+from prometheus_client.parser import text_string_to_metric_families
 from support import free_port, run_avafs
 
 from avafs.client import Client
@@ -148,7 +149,10 @@ def test_an_upload_the_store_refuses_is_set_aside_and_blocks_nothing(s3_server, 
     assert "not found at" not in refused["error"]  # not the missing-bucket message
     assert "set aside" in run_avafs("status", str(mnt)).stdout
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as answer:
-        assert "avafs_uploads_set_aside 1.0" in answer.read().decode()
+        samples = {sample.name: sample.value for family in
+                   text_string_to_metric_families(answer.read().decode())
+                   for sample in family.samples}
+    assert samples["avafs_uploads_set_aside"] == 1.0
     log = (tmp_path / "cache" / "avafs.log").read_text()
     assert "bad\\nname.txt" in log
     assert not any(line.startswith("name.txt") for line in log.splitlines())
