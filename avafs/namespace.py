@@ -9,6 +9,7 @@ trusted for `--metadata-ttl` seconds (forever with `--immutable`). Keys that can
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -26,7 +27,7 @@ from .writeback.pending import COPY, DELETED, Pending
 log = logging.getLogger(__name__)
 
 ROOT_INODE = 1
-_NAME_MAX = 255
+NAME_MAX = 255
 
 
 @dataclass(slots=True)
@@ -84,7 +85,7 @@ class _Listing:
 
 def valid_name(name: str) -> bool:
     return (name not in ("", ".", "..") and "\0" not in name
-            and len(name.encode("utf-8", "surrogateescape")) <= _NAME_MAX)
+            and len(name.encode("utf-8", "surrogateescape")) <= NAME_MAX)
 
 
 class Namespace:
@@ -144,6 +145,13 @@ class Namespace:
     def node_of(self, parent: Node, name: str) -> Node | None:
         inode = self._children.get((parent.inode, name))
         return self._nodes.get(inode) if inode else None
+
+    def detach(self, node: Node) -> None:
+        """The file was deleted or renamed over: its name now names a new inode, not this one,
+        which lives on (if open) until the kernel forgets it."""
+        with self._lock:
+            if self._children.get((node.parent, node.name)) == node.inode:
+                del self._children[(node.parent, node.name)]
 
     def forget(self, inode: int, count: int) -> None:
         with self._lock:
@@ -357,6 +365,20 @@ class Namespace:
                     if other is not node and other.source == node.source and \
                             other.key.startswith(old_key):
                         other.key = new_key + other.key[len(old_key):]
+                self._move_listings(node.source, old_key, new_key)
+
+    def _move_listings(self, source: str, old_prefix: str, new_prefix: str) -> None:
+        """Cached listings follow a renamed directory (the store is to hold the same objects
+        under the new prefix), so an upload settling there updates what its files show: with
+        no listing, a file written there would show its size from before the rename."""
+        for (listing_source, prefix), listing in list(self._listings.items()):
+            if listing_source != source or not prefix.startswith(old_prefix):
+                continue
+            moved = new_prefix + prefix[len(old_prefix):]
+            self._listings[(source, moved)] = _Listing(listing.fetched_at, {
+                name: Entry(name, entry.info and dataclasses.replace(entry.info,
+                                                                     key=moved + name))
+                for name, entry in listing.entries.items()})
 
     def revalidate(self, node: Node) -> ObjectInfo | None:
         """Current metadata of a file whose cached copy is older than the TTL (blocks)."""

@@ -3,7 +3,10 @@
 Why whole local files: checkpoints and logs are written sequentially and read back whole, and a
 local file gives POSIX semantics (random writes, truncate, append, sqlite) for free; an existing
 object is copied in once when it is first opened for writing. Dirty bytes count against the disk
-tier, so clean blocks are evicted to make room for them and never the other way round.
+tier, so clean blocks are evicted to make room for them and never the other way round. They are
+counted per data file, as what the file takes on disk (a sparse file counts its allocated blocks,
+not its length), for as long as the file lives: while a pending state names it or an open handle
+holds it, so a file deleted while open keeps its bytes, and counts, until its last close.
 
 Durability: `commit()` (FUSE flush and fsync, i.e. close() and fsync()) fsyncs the data file and
 journals the pending state before it returns. Nothing leaves the journal until the store
@@ -55,6 +58,8 @@ class WriteBack:
         self.sync_uploads = sync_uploads
         self.delay = delay
         self.on_settled: Settled = lambda source, key, info: None
+        """Called, with the lock held, with what the store now has for a key (None: nothing)
+        just before its pending state goes."""
         self.on_changed: Callable[[str, str], None] = lambda source, key: None
         """Called with (source, key) when the key's pending state comes or goes."""
         self.streams: StreamUploads | None = None
@@ -71,6 +76,8 @@ class WriteBack:
         """Pending keys, least recently changed first: the order uploads become due in."""
         self._by_dir: dict[tuple[str, str], set[str]] = {}
         self._file_refs: Counter[str] = Counter()
+        self._file_dirty: dict[str, int] = {}
+        """Bytes each live data file counts as dirty: what it takes on disk."""
         self.dirty_bytes = 0
         self.eager = False
         self.store_unreachable_since: float | None = None
@@ -87,11 +94,18 @@ class WriteBack:
             if path.name not in referenced:
                 path.unlink()  # written but never committed: not acknowledged to anyone
         for entry in entries:
-            if entry.file and not (self.data_dir / entry.file).exists():
-                log.error("journal names %s of %s but the file is gone; cannot upload it",
-                          entry.file, entry.key)
-                self.journal.remove(entry)
-                continue
+            if entry.file:
+                try:
+                    status = os.stat(self.data_dir / entry.file)
+                except FileNotFoundError:
+                    log.error("journal names %s of %s but the file is gone; cannot upload it",
+                              entry.file, entry.key)
+                    self.journal.remove(entry)
+                    continue
+                # The file is what gets uploaded: a rename journals a file still being
+                # written, whose length the crash may have left different.
+                entry.size = status.st_size
+                self._note_holes(entry, status.st_blocks * 512)
             self._index(entry)
         self._seq = itertools.count(max((e.seq for e in entries), default=0) + 1)
         self._account()
@@ -103,19 +117,18 @@ class WriteBack:
 
     def _index(self, entry: Pending) -> None:
         """Make `entry` the state of its key; data files are reference-counted by states and
-        open handles, and deleted when the last one lets go."""
+        open handles, and deleted (and no longer dirty) when the last one lets go."""
         if entry.file:
             self._file_refs[entry.file] += 1
+            self._charge(entry)
         old = self._pending.get(entry.slot)
         if old is not None:
             self._stop_streaming(old)
-            self._forget_size(old)
             if old.file:
                 self._release_file(old.file)
         self._pending[entry.slot] = entry
         self._order[entry.slot] = None
         self._order.move_to_end(entry.slot)
-        self.dirty_bytes += self._dirty_size(entry)
         self._by_dir.setdefault((entry.source, parent_prefix(entry.key)), set()).add(entry.key)
         self.on_changed(entry.source, entry.key)
 
@@ -125,7 +138,6 @@ class WriteBack:
         del self._pending[entry.slot]
         del self._order[entry.slot]
         self._stop_streaming(entry)
-        self._forget_size(entry)
         keys = self._by_dir.get((entry.source, parent_prefix(entry.key)))
         if keys is not None:
             keys.discard(entry.key)
@@ -139,19 +151,32 @@ class WriteBack:
         self._file_refs[name] -= 1
         if self._file_refs[name] <= 0:
             del self._file_refs[name]
+            self.dirty_bytes -= self._file_dirty.pop(name, 0)
             (self.data_dir / name).unlink(missing_ok=True)
 
-    @staticmethod
-    def _dirty_size(entry: Pending) -> int:
-        return allocated(entry.size) if entry.kind == DATA else 0
-
-    def _forget_size(self, entry: Pending) -> None:
-        self.dirty_bytes -= self._dirty_size(entry)
+    def _charge(self, entry: Pending) -> None:
+        """Count the entry's data file, while it lives, as what it takes on disk."""
+        if entry.file in self._file_refs:
+            on_disk = allocated(entry.size) if entry.allocated is None else entry.allocated
+            self.dirty_bytes += on_disk - self._file_dirty.get(entry.file, 0)
+            self._file_dirty[entry.file] = on_disk
 
     def _resize(self, entry: Pending, size: int) -> None:
-        self._forget_size(entry)
         entry.size = size
-        self.dirty_bytes += self._dirty_size(entry)
+        self._charge(entry)
+
+    @staticmethod
+    def _note_holes(entry: Pending, on_disk: int) -> None:
+        entry.allocated = on_disk if on_disk < allocated(entry.size) else None
+
+    def measure(self, entry: Pending, fd: int) -> None:
+        """Count a data file with holes as the blocks it has (after a write or truncate of
+        one whose `allocated` is set): its length would count a hole as written data."""
+        on_disk = os.fstat(fd).st_blocks * 512
+        with self.lock:
+            self._note_holes(entry, on_disk)
+            self._charge(entry)
+            self._account()
 
     def _stop_streaming(self, entry: Pending) -> None:
         entry.appended_to = None
@@ -212,18 +237,39 @@ class WriteBack:
                 current.writers += 1
                 self._touch(current)
                 return current
-        name = uuid.uuid4().hex
-        path = self.data_dir / name
-        with open(path, "wb") as target:
-            if base is not None and not truncate:
-                for offset in range(0, base.size, _COPY_IN_CHUNK):
-                    target.write(self.stack.read(base, offset, _COPY_IN_CHUNK))
+        name = self._copy_in(None if truncate else base)
         with self.lock:
             entry = self._next(source, key, DATA, file=name,
                                size=0 if truncate or base is None else base.size)
             entry.writers = 1
             entry.appended_to = entry.size
             self._index(entry)
+            self._account()
+            return entry
+
+    def _copy_in(self, base: ObjectRef | None) -> str:
+        """A new data file holding `base` (empty for None); blocks while the tiers read it."""
+        name = uuid.uuid4().hex
+        path = self.data_dir / name
+        try:
+            with open(path, "wb") as target:
+                for offset in range(0, base.size if base is not None else 0, _COPY_IN_CHUNK):
+                    target.write(self.stack.read(base, offset, _COPY_IN_CHUNK))
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        return name
+
+    def keep_copy(self, source: str, base: ObjectRef, mtime: float) -> Pending:
+        """A local copy of the clean version `base`, which is no key's state and is never
+        uploaded, held once for the caller: the open readers of a file that is deleted or
+        renamed go on reading it while the store loses that version. Blocks while it is
+        copied; dirty space until the last holder lets go."""
+        name = self._copy_in(base)
+        with self.lock:
+            entry = self._next(source, base.key, DATA, file=name, size=base.size, mtime=mtime)
+            self._file_refs[name] += 1
+            self._charge(entry)
             self._account()
             return entry
 
@@ -237,6 +283,8 @@ class WriteBack:
             entry.durable = False
             entry.mtime = time.time()
             self._touch(entry)
+            if start > entry.size and entry.allocated is None:
+                entry.allocated = allocated(entry.size)  # a hole: `measure` counts the file
             if end > entry.size:
                 self._resize(entry, end)
                 self._account()
@@ -264,6 +312,8 @@ class WriteBack:
             entry.durable = False
             entry.mtime = time.time()
             self._touch(entry)
+            if size > entry.size and entry.allocated is None:
+                entry.allocated = allocated(entry.size)  # a hole: `measure` counts the file
             self._resize(entry, size)
             self._account()
 
@@ -303,12 +353,10 @@ class WriteBack:
             closed_as_stored = not entry.writers and self._stored(entry) and \
                 self._pending.get(entry.slot) is entry
             if closed_as_stored:
-                self._settle(entry)
+                self._settle(entry, entry.stored_info)
                 self.changed.notify_all()
             elif not entry.writers:
                 self._wake_uploader()
-        if closed_as_stored:
-            self.on_settled(entry.source, entry.key, entry.stored_info)
 
     @staticmethod
     def _stored(entry: Pending) -> bool:
@@ -353,15 +401,23 @@ class WriteBack:
     def rename(self, source: str, moves: list[tuple[str, str, ObjectInfo | None]],
                markers: list[tuple[str, str]]) -> None:
         """Move keys (old, new, clean info or None if dirty) and directory markers (old prefix,
-        new prefix) in one journal batch, so a crash leaves the whole rename or none of it."""
+        new prefix) in one journal batch, so a crash leaves the whole rename or none of it.
+
+        Written data moves as the same state under its new key, so the handles open on it
+        (which hold that state) go on writing what the new key shows and uploads; a new
+        generation stops an upload of it to the old key from settling it."""
         with self.lock:
             changes: list[Pending] = []
+            rekeyed: list[tuple[Pending, str, int]] = []
             for old, new, clean in moves:
                 current = self._pending.get((source, old))
                 if current is not None and current.kind == DATA:
-                    moved = self._next(source, new, DATA, file=current.file, size=current.size,
-                                       mtime=current.mtime)
-                    changes += [moved, self._next(source, old, DELETED)]
+                    rekeyed.append((current, current.key, current.seq))
+                    current.key, current.seq = new, next(self._seq)
+                    current.generation += 1
+                    # Indexing it under `new` first keeps its file: the deletion that takes
+                    # its old key's place releases only the old key's hold.
+                    changes += [current, self._next(source, old, DELETED)]
                 elif current is not None and current.kind == COPY:
                     changes += [self._next(source, new, COPY, size=current.size,
                                            mtime=current.mtime, copy_from=current.copy_from,
@@ -376,7 +432,12 @@ class WriteBack:
                               if entry.key.startswith(old) and entry.key != old)
                 changes += [self._next(source, new, DATA),
                             self._next(source, old, DELETED, wait_for=below)]
-            self._replace(changes)
+            try:
+                self._replace(changes)
+            except BaseException:  # not journaled: the moved states keep their old keys
+                for entry, key, seq in rekeyed:
+                    entry.key, entry.seq = key, seq
+                raise
 
     # --- upload bookkeeping, for the uploader ----------------------------------------------------
 
@@ -424,12 +485,15 @@ class WriteBack:
                 entry.stored_generation, entry.stored_info = generation, info
                 self.changed.notify_all()
                 return True
-            self._settle(entry)
+            self._settle(entry, info)
             self.changed.notify_all()
-        self.on_settled(entry.source, entry.key, info)
         return True
 
-    def _settle(self, entry: Pending) -> None:
+    def _settle(self, entry: Pending, info: ObjectInfo | None) -> None:
+        """The store has the entry's state: the namespace learns `info` before the state goes,
+        so no lookup in between finds neither (a file written in a directory whose listing
+        is not cached would show its size from before its writes)."""
+        self.on_settled(entry.source, entry.key, info)
         self.journal.remove(entry)
         self._unindex(entry)
         self._account()
@@ -482,8 +546,7 @@ class WriteBack:
     def status(self) -> dict[str, int]:
         with self.lock:
             return {"bytes": self.dirty_bytes,
-                    "files": sum(entry.kind == DATA and entry.file is not None
-                                 for entry in self._pending.values()),
+                    "files": len(self._file_dirty),
                     "upload_queue": len(self._pending),
                     "uploading": sum(entry.uploading for entry in self._pending.values())}
 

@@ -55,6 +55,9 @@ class Pending:
     every fsync): the entry stays the key's state, as its writer may go on, and settles at its
     last close if nothing changed since."""
     stored_info: ObjectInfo | None = None
+    allocated: int | None = None
+    """What the data file takes on disk, measured, once a write or truncate left a hole in it;
+    None while it has none, when that is its length rounded up to whole disk blocks."""
 
     @property
     def slot(self) -> tuple[str, str]:
