@@ -250,8 +250,13 @@ class AvafsOperations(pyfuse3.Operations):
         pending = self._orphans.get(inode) or (
             self.writeback.get(node.source, node.key) if self.writeback else None)
         if pending is not None and pending.kind == DATA:
-            handle = self._local_handle(inode, pending, os.O_RDONLY)
-            return pyfuse3.FileInfo(fh=self._register(handle), keep_cache=True)
+            try:
+                handle = self._local_handle(inode, pending, os.O_RDONLY)
+            except pyfuse3.FUSEError as error:
+                if error.errno != errno.ESTALE:
+                    raise  # else uploaded meanwhile: read what the store has
+            else:
+                return pyfuse3.FileInfo(fh=self._register(handle), keep_cache=True)
         ref = await self._current_ref(node)
         keep_cache = node.kernel_cached_etag == ref.etag
         node.kernel_cached_etag = ref.etag
@@ -272,7 +277,10 @@ class AvafsOperations(pyfuse3.Operations):
         return self.namespace.object_ref(node.source, info)
 
     def _local_handle(self, inode: int, pending: Pending, flags: int) -> OpenFile:
-        self.writeback.hold_file(pending.file)
+        """A handle on the state's data file; ESTALE if the file is gone, its state settled
+        since it was looked up (the store has it then)."""
+        if not self.writeback.hold_file(pending.file):
+            raise pyfuse3.FUSEError(errno.ESTALE)
         try:
             with _as_fuse_error():
                 fd = os.open(self.writeback.data_path(pending), flags)
@@ -324,6 +332,20 @@ class AvafsOperations(pyfuse3.Operations):
         handle = self._open[fh]
         if handle.ref is None:
             return os.pread(handle.fd, size, off)
+        try:
+            return await self._read_version(handle, off, size)
+        except pyfuse3.FUSEError as error:
+            node = self.namespace.node(handle.inode)
+            if error.errno != errno.ESTALE or node.key == handle.ref.key:
+                raise
+        # Opened while its rename was being copied in the store, it read the version it was
+        # renamed from, which the rename deletes once the copy has landed: the copy is the
+        # same bytes.
+        handle.ref = await self._current_ref(node)
+        handle.next_block = handle.frontier = handle.window = 0
+        return await self._read_version(handle, off, size)
+
+    async def _read_version(self, handle: OpenFile, off: int, size: int) -> bytes:
         ref = handle.ref
         data = self.stack.read_small(ref, off, size)
         if data is None and self.stack.is_small(ref):
@@ -624,10 +646,11 @@ class AvafsOperations(pyfuse3.Operations):
 
     def _directory_moves(self, source: str, old_prefix: str, new_prefix: str):
         moves, markers = [], [(old_prefix, new_prefix)]
-        pending_dirs = [old_prefix]
+        pending_dirs, listings = [old_prefix], {}
         while pending_dirs:
             prefix = pending_dirs.pop()
-            for entry in self.namespace.listing(source, prefix).ordered:
+            listings[prefix] = self.namespace.listing(source, prefix)
+            for entry in listings[prefix].ordered:
                 if entry.is_dir:
                     sub = f"{prefix}{entry.name}/"
                     markers.append((sub, new_prefix + sub[len(old_prefix):]))
@@ -636,6 +659,7 @@ class AvafsOperations(pyfuse3.Operations):
                     key = prefix + entry.name
                     moves.append((key, new_prefix + key[len(old_prefix):],
                                   self._clean_info(source, key, entry)))
+        self.namespace.prepare_move(source, listings, old_prefix, new_prefix)
         return moves, markers
 
     async def _not_supported(self, *args: object, **kwargs: object) -> None:

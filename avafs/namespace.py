@@ -365,20 +365,20 @@ class Namespace:
                     if other is not node and other.source == node.source and \
                             other.key.startswith(old_key):
                         other.key = new_key + other.key[len(old_key):]
-                self._move_listings(node.source, old_key, new_key)
 
-    def _move_listings(self, source: str, old_prefix: str, new_prefix: str) -> None:
-        """Cached listings follow a renamed directory (the store is to hold the same objects
-        under the new prefix), so an upload settling there updates what its files show: with
-        no listing, a file written there would show its size from before the rename."""
-        for (listing_source, prefix), listing in list(self._listings.items()):
-            if listing_source != source or not prefix.startswith(old_prefix):
-                continue
-            moved = new_prefix + prefix[len(old_prefix):]
-            self._listings[(source, moved)] = _Listing(listing.fetched_at, {
-                name: Entry(name, entry.info and dataclasses.replace(entry.info,
-                                                                     key=moved + name))
-                for name, entry in listing.entries.items()})
+    def prepare_move(self, source: str, listings: dict[str, _Listing], old_prefix: str,
+                     new_prefix: str) -> None:
+        """Before a directory rename is journaled: the listings of its directories (as the
+        mount shows them, keyed by prefix) under their new prefixes, so an upload settling
+        there (possibly before the rename returns) updates what its files show. With no
+        listing, a file written there showed its size from before the rename."""
+        with self._lock:
+            for prefix, listing in listings.items():
+                moved = new_prefix + prefix[len(old_prefix):]
+                self._listings[(source, moved)] = _Listing(listing.fetched_at, {
+                    name: Entry(name, entry.info and dataclasses.replace(entry.info,
+                                                                         key=moved + name))
+                    for name, entry in listing.entries.items()})
 
     def revalidate(self, node: Node) -> ObjectInfo | None:
         """Current metadata of a file whose cached copy is older than the TTL (blocks)."""

@@ -232,3 +232,34 @@ def test_open_with_o_trunc_truncates_a_file_not_yet_uploaded(s3_server, bucket, 
     Client(mnt).flush()
     assert store_bytes(s3_server, bucket, "f.txt") == b"short\n"
     assert store_bytes(s3_server, bucket, "g.txt") == b"x"
+
+
+def test_renames_of_a_clean_file_before_their_copies_land(s3_server, bucket, s3_mount):
+    """mv ckpt ckpt.old; write a new ckpt; and a rename of a rename: the store's version of
+    a name a pending copy reads is neither overwritten nor deleted before the copy lands."""
+    client = s3_server.client()
+    client.put_object(Bucket=bucket, Key="ckpt", Body=b"first checkpoint")
+    client.put_object(Bucket=bucket, Key="a", Body=b"renamed twice")
+    mnt = s3_mount("--writeback-delay", "3600")
+    os.rename(mnt / "ckpt", mnt / "ckpt.old")
+    (mnt / "ckpt").write_bytes(b"second checkpoint")
+    os.rename(mnt / "a", mnt / "b")
+    os.rename(mnt / "b", mnt / "c")
+    Client(mnt).flush()
+    assert store_keys(s3_server, bucket) == {"ckpt", "ckpt.old", "c"}
+    assert store_bytes(s3_server, bucket, "ckpt.old") == b"first checkpoint"
+    assert store_bytes(s3_server, bucket, "ckpt") == b"second checkpoint"
+    assert store_bytes(s3_server, bucket, "c") == b"renamed twice"
+
+
+def test_file_opened_while_its_rename_is_copied_reads_on_after_the_copy(s3_server, bucket,
+                                                                        s3_mount):
+    data = payload(5, 6 * MiB)
+    s3_server.client().put_object(Bucket=bucket, Key="before.bin", Body=data)
+    mnt = s3_mount("--writeback-delay", "3600", "--block-size", "1MiB", "--read-ahead", "0")
+    os.rename(mnt / "before.bin", mnt / "after.bin")
+    with open(mnt / "after.bin", "rb", buffering=0) as reader:
+        assert reader.read(4096) == data[:4096]
+        Client(mnt).flush()  # the copy lands and the old name is deleted
+        assert store_keys(s3_server, bucket) == {"after.bin"}
+        assert os.pread(reader.fileno(), len(data), 0) == data

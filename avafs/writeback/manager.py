@@ -75,6 +75,13 @@ class WriteBack:
         self._order: OrderedDict[tuple[str, str], None] = OrderedDict()
         """Pending keys, least recently changed first: the order uploads become due in."""
         self._by_dir: dict[tuple[str, str], set[str]] = {}
+        self._copy_sources: Counter[tuple[str, str]] = Counter()
+        """Keys whose store version pending copies (renames) read: nothing else may change
+        such a key in the store before they land."""
+        self._in_flight: Counter[tuple[str, str]] = Counter()
+        """Keys with an upload in flight, by the key it writes. A state that replaced the one
+        being uploaded (a deletion, or the key's state after a rename moved a file away)
+        waits for it: sent at once, it could land first and be undone by the older one."""
         self._file_refs: Counter[str] = Counter()
         self._file_dirty: dict[str, int] = {}
         """Bytes each live data file counts as dirty: what it takes on disk."""
@@ -121,8 +128,10 @@ class WriteBack:
         if entry.file:
             self._file_refs[entry.file] += 1
             self._charge(entry)
+        self._count_copy(entry, 1)
         old = self._pending.get(entry.slot)
         if old is not None:
+            self._count_copy(old, -1)
             self._stop_streaming(old)
             if old.file:
                 self._release_file(old.file)
@@ -137,6 +146,7 @@ class WriteBack:
             return
         del self._pending[entry.slot]
         del self._order[entry.slot]
+        self._count_copy(entry, -1)
         self._stop_streaming(entry)
         keys = self._by_dir.get((entry.source, parent_prefix(entry.key)))
         if keys is not None:
@@ -146,6 +156,13 @@ class WriteBack:
         self.on_changed(entry.source, entry.key)
         if entry.file:
             self._release_file(entry.file)
+
+    def _count_copy(self, entry: Pending, step: int) -> None:
+        if entry.kind == COPY:
+            source = (entry.source, entry.copy_from)
+            self._copy_sources[source] += step
+            if self._copy_sources[source] <= 0:
+                del self._copy_sources[source]
 
     def _release_file(self, name: str) -> None:
         self._file_refs[name] -= 1
@@ -210,10 +227,14 @@ class WriteBack:
     def data_path(self, entry: Pending) -> Path | None:
         return self.data_dir / entry.file if entry.file else None
 
-    def hold_file(self, name: str) -> None:
-        """An open handle keeps a data file alive across unlink and rename (POSIX semantics)."""
+    def hold_file(self, name: str) -> bool:
+        """An open handle keeps a data file alive across unlink and rename (POSIX semantics);
+        False if the file is gone already (its state settled since it was looked up)."""
         with self.lock:
+            if name not in self._file_refs:
+                return False
             self._file_refs[name] += 1
+            return True
 
     def drop_file(self, name: str) -> None:
         with self.lock:
@@ -408,6 +429,7 @@ class WriteBack:
         generation stops an upload of it to the old key from settling it."""
         with self.lock:
             changes: list[Pending] = []
+            removed: list[Pending] = []
             rekeyed: list[tuple[Pending, str, int]] = []
             for old, new, clean in moves:
                 current = self._pending.get((source, old))
@@ -418,6 +440,13 @@ class WriteBack:
                     # Indexing it under `new` first keeps its file: the deletion that takes
                     # its old key's place releases only the old key's hold.
                     changes += [current, self._next(source, old, DELETED)]
+                elif current is not None and current.kind == COPY and \
+                        current.copy_from == new:
+                    # Renamed back before its copy landed: the store still has the version
+                    # (nothing changes a key a copy reads), so the key needs no change.
+                    if (source, new) in self._pending:
+                        removed.append(self._pending[(source, new)])
+                    changes.append(self._next(source, old, DELETED))
                 elif current is not None and current.kind == COPY:
                     changes += [self._next(source, new, COPY, size=current.size,
                                            mtime=current.mtime, copy_from=current.copy_from,
@@ -433,7 +462,7 @@ class WriteBack:
                 changes += [self._next(source, new, DATA),
                             self._next(source, old, DELETED, wait_for=below)]
             try:
-                self._replace(changes)
+                self._replace(changes, removed)
             except BaseException:  # not journaled: the moved states keep their old keys
                 for entry, key, seq in rekeyed:
                     entry.key, entry.seq = key, seq
@@ -452,7 +481,7 @@ class WriteBack:
             self.work.notify(keys)
 
     def next_ready(self, now: float) -> Pending | None:
-        """The entry the uploader should start now, if any.
+        """The entry the uploader should start now, if any, marked as uploading.
 
         Entries are visited least recently changed first, so the scan stops at the first one
         still inside its write-back delay: every later one is too. The cost is the number of
@@ -467,15 +496,26 @@ class WriteBack:
                 if entry.uploading or not entry.durable or entry.next_attempt > now or \
                         (entry.writers and not entry.awaited) or self._stored(entry):
                     continue
-                if any((entry.source, other) in self._pending for other in entry.wait_for):
-                    continue
+                if any((entry.source, other) in self._pending for other in entry.wait_for) or \
+                        slot in self._copy_sources or slot in self._in_flight:
+                    continue  # e.g. a new file of a name renamed away, before its copy lands
+                entry.uploading, entry.upload_slot = True, slot
+                self._in_flight[slot] += 1
                 return entry
             return None
+
+    def _upload_ended(self, entry: Pending) -> None:
+        entry.uploading = False
+        slot, entry.upload_slot = entry.upload_slot, None
+        if slot is not None:
+            self._in_flight[slot] -= 1
+            if self._in_flight[slot] <= 0:
+                del self._in_flight[slot]
 
     def settled(self, entry: Pending, generation: int, info: ObjectInfo | None) -> bool:
         """Record that the store has `entry` as of `generation`; False if it changed since."""
         with self.lock:
-            entry.uploading = False
+            self._upload_ended(entry)
             self.store_unreachable_since = None
             current = self._pending.get(entry.slot)
             if current is not entry or entry.generation != generation:
@@ -500,7 +540,7 @@ class WriteBack:
 
     def failed(self, entry: Pending, error: Exception) -> None:
         with self.lock:
-            entry.uploading = False
+            self._upload_ended(entry)
             entry.attempts += 1
             entry.next_attempt = time.monotonic() + min(0.5 * 2 ** min(entry.attempts, 7), 30.0)
             if self.store_unreachable_since is None:

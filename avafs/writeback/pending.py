@@ -43,6 +43,8 @@ class Pending:
     attempts: int = 0
     next_attempt: float = 0.0
     uploading: bool = False
+    upload_slot: tuple[str, str] | None = None
+    """The (source, key) the upload in flight writes: a rename may move the entry meanwhile."""
     awaited: bool = False
     """A close() waits for this upload (--writeback sync): upload it though still open."""
     appended_to: int | None = None
