@@ -530,26 +530,28 @@ class AvafsOperations(pyfuse3.Operations):
         a deletion or rename that takes that version from the store is journaled. Best
         effort: if the store cannot send it, the change goes ahead and such readers may fail
         once it reaches the store, as they would have without the copy."""
-        for node in nodes:
-            copies: dict[str, Pending] = {}
-            for fh in list(self._handles.get(node.inode, ())):
-                handle = self._open.get(fh)
-                if handle is None or handle.ref is None:
-                    continue  # closed while a copy was made, or reading local data already
-                ref = handle.ref
-                if ref.etag not in copies:
-                    info = self.namespace.current_info(node)
-                    try:
-                        copies[ref.etag] = await self._blocking(
-                            self.writeback.keep_copy, node.source, ref,
-                            info.mtime if info else time.time())
-                    except pyfuse3.FUSEError:
-                        log.warning("could not copy %s for its open readers before it is "
-                                    "deleted or renamed", ref.key)
-                        continue
-                if self._open.get(fh) is handle:
-                    self._open[fh] = self._local_handle(node.inode, copies[ref.etag],
-                                                        os.O_RDONLY)
+        copies: dict[tuple[int, str], Pending] = {}
+        try:
+            for node in nodes:
+                for fh in list(self._handles.get(node.inode, ())):
+                    handle = self._open.get(fh)
+                    if handle is None or handle.ref is None:
+                        continue  # closed while a copy was made, or reading local data
+                    version = (node.inode, handle.ref.etag)
+                    if version not in copies:
+                        info = self.namespace.current_info(node)
+                        try:
+                            copies[version] = await self._blocking(
+                                self.writeback.keep_copy, node.source, handle.ref,
+                                info.mtime if info else time.time())
+                        except pyfuse3.FUSEError:
+                            log.warning("could not copy %s for its open readers before it is "
+                                        "deleted or renamed", handle.ref.key)
+                            continue
+                    if self._open.get(fh) is handle:
+                        self._open[fh] = self._local_handle(node.inode, copies[version],
+                                                            os.O_RDONLY)
+        finally:
             for copy in copies.values():
                 self.writeback.drop_file(copy.file)
 
@@ -629,20 +631,25 @@ class AvafsOperations(pyfuse3.Operations):
             old_key, new_key = old_parent.key + old_name, new_parent.key + new_name
             if target is not None and target.is_dir:
                 raise pyfuse3.FUSEError(errno.EISDIR)
-            moves, markers = [(old_key, new_key, self._clean_info(source, old_key, entry))], []
+            moves, markers = [(old_key, new_key, entry)], []
             readers = [self.namespace.node_of(old_parent, old_name)]
         replaced = self.namespace.node_of(new_parent, new_name) if target is not None else None
         await self._keep_reading([node for node in (*readers, replaced) if node is not None])
-        await self._blocking(self.writeback.rename, source, moves, markers)
+        await self._blocking(self._rename_states, source, moves, markers)
         if replaced is not None:
             self._orphan(replaced)
         node = self.namespace.node_of(old_parent, old_name)
         if node is not None:
             self.namespace.moved(node, new_parent, new_name, new_key)
 
-    def _clean_info(self, source: str, key: str, entry: Entry):
-        pending = self.writeback.get(source, key)
-        return None if pending is not None else entry.info
+    def _rename_states(self, source: str, moves: list[tuple[str, str, Entry]],
+                       markers: list[tuple[str, str]]) -> None:
+        """A moved file with no pending state is clean; its info is looked up as the rename
+        is applied (an upload settling after the file was listed makes it clean, with the
+        info the listing has now)."""
+        listed = {old: entry.info for old, _, entry in moves}
+        self.writeback.rename(source, [(old, new) for old, new, _ in moves], markers,
+                              lambda key: self.namespace.listed_info(source, key) or listed[key])
 
     def _directory_moves(self, source: str, old_prefix: str, new_prefix: str):
         moves, markers = [], [(old_prefix, new_prefix)]
@@ -657,8 +664,7 @@ class AvafsOperations(pyfuse3.Operations):
                     pending_dirs.append(sub)
                 else:
                     key = prefix + entry.name
-                    moves.append((key, new_prefix + key[len(old_prefix):],
-                                  self._clean_info(source, key, entry)))
+                    moves.append((key, new_prefix + key[len(old_prefix):], entry))
         self.namespace.prepare_move(source, listings, old_prefix, new_prefix)
         return moves, markers
 

@@ -331,6 +331,13 @@ class Namespace:
                 return entry.info
         return node.info
 
+    def listed_info(self, source: str, key: str) -> ObjectInfo | None:
+        """A file's info in its directory's cached listing, if there is one (no I/O)."""
+        listing = self._listings.get((source, parent_prefix(key)))
+        entry = listing.entries.get(key[len(parent_prefix(key)):]) if listing else None
+        return entry.info if entry is not None and entry.info is not None and \
+            entry.info.key == key else None
+
     def settled(self, source: str, key: str, info: ObjectInfo | None) -> None:
         """The store now has `info` for `key` (None: deleted); keep cached listings true."""
         listing = self._listings.get((source, parent_prefix(key)))

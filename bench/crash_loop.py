@@ -433,7 +433,11 @@ class CrashLoop:
                         f"{when}: {directory} lists {sorted(listed - expected)} it should not "
                         f"and misses {sorted(expected - listed)}")
         for path, data in sorted(self.model.files.items()):
-            found = read(self.mnt / path)
+            try:
+                found = read(self.mnt / path)
+            except OSError as error:
+                self.figures.violations.append(f"{when}: reading {path} failed: {error!r}")
+                continue
             self.figures.file_checks += 1
             self.figures.bytes_checked += len(found or b"")
             if found != data:

@@ -387,6 +387,8 @@ class WriteBack:
 
     def _replace(self, changes: list[Pending], removed: list[Pending] = ()) -> None:
         """Journal and index several states at once (one synced batch)."""
+        if not changes and not removed:
+            return  # an empty batch would never be written, and its wait never end
         self.journal.save(changes, [entry for entry in removed])
         for entry in removed:
             self._unindex(entry)
@@ -419,10 +421,12 @@ class WriteBack:
                           if entry_source == source and key.startswith(prefix) and key != prefix)
             self._replace([self._next(source, prefix, DELETED, wait_for=below)])
 
-    def rename(self, source: str, moves: list[tuple[str, str, ObjectInfo | None]],
-               markers: list[tuple[str, str]]) -> None:
-        """Move keys (old, new, clean info or None if dirty) and directory markers (old prefix,
-        new prefix) in one journal batch, so a crash leaves the whole rename or none of it.
+    def rename(self, source: str, moves: list[tuple[str, str]], markers: list[tuple[str, str]],
+               clean_info: Callable[[str], ObjectInfo | None]) -> None:
+        """Move keys (old, new) and directory markers (old prefix, new prefix) in one journal
+        batch, so a crash leaves the whole rename or none of it. A key with no pending state
+        is clean: `clean_info` gives its store info, asked under the lock, as an upload may
+        have settled since the caller listed it.
 
         Written data moves as the same state under its new key, so the handles open on it
         (which hold that state) go on writing what the new key shows and uploads; a new
@@ -431,7 +435,7 @@ class WriteBack:
             changes: list[Pending] = []
             removed: list[Pending] = []
             rekeyed: list[tuple[Pending, str, int]] = []
-            for old, new, clean in moves:
+            for old, new in moves:
                 current = self._pending.get((source, old))
                 if current is not None and current.kind == DATA:
                     rekeyed.append((current, current.key, current.seq))
@@ -452,7 +456,7 @@ class WriteBack:
                                            mtime=current.mtime, copy_from=current.copy_from,
                                            copy_etag=current.copy_etag),
                                 self._next(source, old, DELETED)]
-                elif clean is not None:
+                elif current is None and (clean := clean_info(old)) is not None:
                     changes += [self._next(source, new, COPY, size=clean.size, mtime=clean.mtime,
                                            copy_from=old, copy_etag=clean.etag),
                                 self._next(source, old, DELETED, wait_for=(new,))]
