@@ -7,6 +7,11 @@ this loop where the store can send it there (`TierStack.fetch_small`). The kerne
 are used on purpose: entry and attribute timeouts follow `--metadata-ttl`, negative lookups are
 cached as well, and `keep_cache` is set when a file is reopened at an unchanged ETag, so warm
 re-reads come from the page cache.
+
+A file deleted or renamed over while open lives on for its open handles, as on a local file
+system: written data stays in its local data file (the write-back state the handles hold, no
+longer any key's), a clean version being read is first copied to one, and the inode answers from
+that state (`_orphans`) until its last close frees it. Nothing of it is uploaded.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import pyfuse3
 import trio
 
 from .errors import ObjectChangedError, StoreError
-from .namespace import ROOT_INODE, Entry, Namespace, Node, valid_name
+from .namespace import NAME_MAX, ROOT_INODE, Entry, Namespace, Node, valid_name
 from .options import MountOptions
 from .stores.base import ObjectInfo
 from .stores.metadata import Attrs
@@ -48,6 +53,7 @@ class OpenFile:
     """A handle reads cached blocks of an object version (`ref`), or a local dirty file
     (`fd`), which writers always use."""
 
+    inode: int
     ref: ObjectRef | None = None
     fd: int = -1
     pending: Pending | None = None
@@ -95,6 +101,10 @@ class AvafsOperations(pyfuse3.Operations):
         self.xattrs = {_XATTR_PREFIX + name.encode(): value.encode()
                        for name, value in xattrs.items()}
         self._open: dict[int, OpenFile] = {}
+        self._handles: dict[int, set[int]] = {}
+        """Open handles (fh) of each inode that has any."""
+        self._orphans: dict[int, Pending] = {}
+        """Inodes deleted or renamed over while open: the state their handles keep."""
         self._dirs: dict[int, OpenDirectory] = {}
         self._next_fh = 0
         self._limiter = trio.CapacityLimiter(64)
@@ -107,6 +117,12 @@ class AvafsOperations(pyfuse3.Operations):
         self._next_fh += 1
         return self._next_fh
 
+    def _register(self, handle: OpenFile) -> int:
+        fh = self._new_fh()
+        self._open[fh] = handle
+        self._handles.setdefault(handle.inode, set()).add(fh)
+        return fh
+
     async def _blocking(self, function: Callable[..., T], *args: object) -> T:
         with _as_fuse_error():
             return await trio.to_thread.run_sync(function, *args, limiter=self._limiter)
@@ -116,8 +132,11 @@ class AvafsOperations(pyfuse3.Operations):
     def _attributes(self, node: Node) -> pyfuse3.EntryAttributes:
         """A file's mode and owner are its object's where it names them, else the mount's
         defaults. Attributes not read from the object yet (a readdir answers from the
-        listing) are given with no attribute timeout, so a stat comes back for them."""
-        info = self.namespace.current_info(node)
+        listing) are given with no attribute timeout, so a stat comes back for them. A file
+        deleted while open shows its local state, with no link left."""
+        orphan = self._orphans.get(node.inode)
+        state = orphan or (self.writeback.get(node.source, node.key) if self.writeback else None)
+        info = self.writeback.info(orphan) if orphan else self.namespace.current_info(node)
         kept = (info.attrs if info is not None else None) or Attrs()
         attrs = pyfuse3.EntryAttributes()
         attrs.st_ino = node.inode
@@ -135,10 +154,13 @@ class AvafsOperations(pyfuse3.Operations):
         else:
             attrs.st_mode = stat.S_IFREG | (self.options.file_mode if kept.mode is None
                                             else kept.mode)
-            attrs.st_nlink = 1
+            attrs.st_nlink = 0 if orphan else 1
             attrs.st_size = info.size
             mtime_ns = int(info.mtime * 1e9)
-        attrs.st_blocks = -(-attrs.st_size // 512)
+        if state is not None and state.allocated is not None:
+            attrs.st_blocks = state.allocated // 512  # a sparse file written here
+        else:
+            attrs.st_blocks = -(-attrs.st_size // 512)
         attrs.st_atime_ns = attrs.st_mtime_ns = attrs.st_ctime_ns = mtime_ns
         return attrs
 
@@ -171,6 +193,7 @@ class AvafsOperations(pyfuse3.Operations):
             return self._attributes(parent)
         if text == "..":
             return self._attributes(self.namespace.node(parent.parent))
+        self._check_name(name)
         entry = self.namespace.cached_entry(parent, text)
         if entry is False:
             node = await self._blocking(self.namespace.lookup, parent, text)
@@ -250,20 +273,22 @@ class AvafsOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EISDIR)
         if flags & _WRITE_FLAGS:
             handle = await self._open_writer(node, truncate=bool(flags & os.O_TRUNC))
-            fh = self._new_fh()
-            self._open[fh] = handle
-            return pyfuse3.FileInfo(fh=fh, keep_cache=False)
-        pending = self.writeback.get(node.source, node.key) if self.writeback else None
+            return pyfuse3.FileInfo(fh=self._register(handle), keep_cache=False)
+        pending = self._orphans.get(inode) or (
+            self.writeback.get(node.source, node.key) if self.writeback else None)
         if pending is not None and pending.kind == DATA:
-            fh = self._new_fh()
-            self._open[fh] = self._local_handle(pending, os.O_RDONLY)
-            return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+            try:
+                handle = self._local_handle(inode, pending, os.O_RDONLY)
+            except pyfuse3.FUSEError as error:
+                if error.errno != errno.ESTALE:
+                    raise  # else uploaded meanwhile: read what the store has
+            else:
+                return pyfuse3.FileInfo(fh=self._register(handle), keep_cache=True)
         ref = await self._current_ref(node)
         keep_cache = node.kernel_cached_etag == ref.etag
         node.kernel_cached_etag = ref.etag
-        fh = self._new_fh()
-        self._open[fh] = OpenFile(ref=ref)
-        return pyfuse3.FileInfo(fh=fh, keep_cache=keep_cache)
+        return pyfuse3.FileInfo(fh=self._register(OpenFile(inode, ref=ref)),
+                                keep_cache=keep_cache)
 
     async def _current_ref(self, node: Node) -> ObjectRef:
         """What reading the file means now: its clean version, revalidated after the TTL, or
@@ -278,24 +303,37 @@ class AvafsOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOENT)
         return self.namespace.object_ref(node.source, info)
 
-    def _local_handle(self, pending: Pending, flags: int) -> OpenFile:
-        self.writeback.hold_file(pending.file)
+    def _local_handle(self, inode: int, pending: Pending, flags: int) -> OpenFile:
+        """A handle on the state's data file; ESTALE if the file is gone, its state settled
+        since it was looked up (the store has it then)."""
+        if not self.writeback.hold_file(pending.file):
+            raise pyfuse3.FUSEError(errno.ESTALE)
         try:
             with _as_fuse_error():
                 fd = os.open(self.writeback.data_path(pending), flags)
         except pyfuse3.FUSEError:
             self.writeback.drop_file(pending.file)
             raise
-        return OpenFile(fd=fd, pending=pending, writable=flags != os.O_RDONLY)
+        return OpenFile(inode, fd=fd, pending=pending, writable=flags != os.O_RDONLY)
 
     async def _open_writer(self, node: Node, truncate: bool) -> OpenFile:
         """Rewriting a file keeps its mode and owner, so they are read first if need be."""
         self._check_writable(node)
+        orphan = self._orphans.get(node.inode)
+        if orphan is not None:  # reopened through /proc/PID/fd after its deletion
+            handle = self._local_handle(node.inode, orphan, os.O_RDWR)
+            if truncate:
+                await self._truncate(handle, 0)
+            return handle
         base = None if truncate else await self._current_ref(node)
         info = await self._info_with_attrs(node)
-        return await self._writer(node.source, node.key, base, info.attrs if info else None)
+        handle = await self._writer(node.inode, node.source, node.key, base,
+                                    info.attrs if info else None)
+        if truncate and handle.pending.size:  # data written before, still open or not uploaded
+            await self._truncate(handle, 0)
+        return handle
 
-    async def _writer(self, source: str, key: str, base: ObjectRef | None,
+    async def _writer(self, inode: int, source: str, key: str, base: ObjectRef | None,
                       attrs: Attrs | None) -> OpenFile:
         """A handle on the key's local data file, made from `base` unless it is None (a new
         or truncated file). With nothing to copy in there is nothing to wait for: the empty
@@ -309,7 +347,7 @@ class AvafsOperations(pyfuse3.Operations):
             pending = await self._blocking(self.writeback.open_writer, source, key, base, False,
                                            attrs)
         try:
-            return self._local_handle(pending, os.O_RDWR)
+            return self._local_handle(inode, pending, os.O_RDWR)
         except pyfuse3.FUSEError:
             self.writeback.release_writer(pending)
             raise
@@ -325,6 +363,20 @@ class AvafsOperations(pyfuse3.Operations):
         handle = self._open[fh]
         if handle.ref is None:
             return os.pread(handle.fd, size, off)
+        try:
+            return await self._read_version(handle, off, size)
+        except pyfuse3.FUSEError as error:
+            node = self.namespace.node(handle.inode)
+            if error.errno != errno.ESTALE or node.key == handle.ref.key:
+                raise
+        # Opened while its rename was being copied in the store, it read the version it was
+        # renamed from, which the rename deletes once the copy has landed: the copy is the
+        # same bytes.
+        handle.ref = await self._current_ref(node)
+        handle.next_block = handle.frontier = handle.window = 0
+        return await self._read_version(handle, off, size)
+
+    async def _read_version(self, handle: OpenFile, off: int, size: int) -> bytes:
         ref = handle.ref
         data = self.stack.read_small(ref, off, size)
         if data is None and self.stack.is_small(ref):
@@ -377,6 +429,8 @@ class AvafsOperations(pyfuse3.Operations):
         self.writeback.wrote(handle.pending, off, off + len(buf))
         written = os.pwrite(handle.fd, buf, off)
         self.writeback.appended(handle.pending, off, off + written)
+        if handle.pending.allocated is not None:
+            self.writeback.measure(handle.pending, handle.fd)
         return written
 
     async def _apply_back_pressure(self) -> None:
@@ -409,8 +463,15 @@ class AvafsOperations(pyfuse3.Operations):
 
     async def release(self, fh: int) -> None:
         handle = self._open.pop(fh, None)
-        if handle is not None:
-            self._close(handle)
+        if handle is None:
+            return
+        handles = self._handles[handle.inode]
+        handles.discard(fh)
+        if not handles:
+            del self._handles[handle.inode]
+        self._close(handle)
+        if handle.inode in self._orphans:
+            self._keep_orphan(handle.inode)
 
     def _close(self, handle: OpenFile) -> None:
         if handle.fd < 0:
@@ -425,19 +486,24 @@ class AvafsOperations(pyfuse3.Operations):
         parent = self.namespace.node(parent_inode)
         self._check_writable_directory(parent)
         text = os.fsdecode(name)
-        if not valid_name(text):
-            raise pyfuse3.FUSEError(errno.EINVAL)
+        self._check_name(name)
         if not flags & (os.O_TRUNC | os.O_EXCL) and self.namespace.absence_guessed(parent, text):
             log.error("cannot tell whether %r exists in %s, which does not answer: only "
                       "O_TRUNC or O_EXCL creates are taken until it does", parent.key + text,
                       self.namespace.stores[parent.source].url)
             raise pyfuse3.FUSEError(errno.EIO)
-        handle = await self._writer(parent.source, parent.key + text, None,
+        handle = await self._writer(0, parent.source, parent.key + text, None,
                                     self._creator_attrs(parent.source, mode, ctx))
         node = self.namespace.child(parent, Entry(text, self.writeback.info(handle.pending)))
-        fh = self._new_fh()
-        self._open[fh] = handle
-        return pyfuse3.FileInfo(fh=fh), self._attributes(node)
+        handle.inode = node.inode
+        return pyfuse3.FileInfo(fh=self._register(handle)), self._attributes(node)
+
+    @staticmethod
+    def _check_name(name: bytes) -> None:
+        if len(name) > NAME_MAX:
+            raise pyfuse3.FUSEError(errno.ENAMETOOLONG)
+        if not valid_name(os.fsdecode(name)):
+            raise pyfuse3.FUSEError(errno.EINVAL)
 
     def _creator_attrs(self, source: str, mode: int, ctx: pyfuse3.RequestContext) -> Attrs:
         """A new file keeps the mode it was created with, and its creator as owner where that
@@ -506,6 +572,8 @@ class AvafsOperations(pyfuse3.Operations):
     async def _truncate(self, handle: OpenFile, size: int) -> None:
         self.writeback.truncated(handle.pending, size)
         os.ftruncate(handle.fd, size)
+        if handle.pending.allocated is not None:
+            self.writeback.measure(handle.pending, handle.fd)
 
     # --- namespace changes ---------------------------------------------------------------------
 
@@ -522,15 +590,66 @@ class AvafsOperations(pyfuse3.Operations):
         text, entry = await self._existing(parent, name)
         if entry.is_dir:
             raise pyfuse3.FUSEError(errno.EISDIR)
+        node = self.namespace.node_of(parent, text)
+        if node is not None:
+            await self._keep_reading([node])
         await self._blocking(self.writeback.unlink, parent.source, parent.key + text)
+        if node is not None:
+            self._orphan(node)
+
+    async def _keep_reading(self, nodes: list[Node]) -> None:
+        """Handles reading a clean version of these files switch to a local copy of it, before
+        a deletion or rename that takes that version from the store is journaled. Best
+        effort: if the store cannot send it, the change goes ahead and such readers may fail
+        once it reaches the store, as they would have without the copy."""
+        copies: dict[tuple[int, str], Pending] = {}
+        try:
+            for node in nodes:
+                for fh in list(self._handles.get(node.inode, ())):
+                    handle = self._open.get(fh)
+                    if handle is None or handle.ref is None:
+                        continue  # closed while a copy was made, or reading local data
+                    version = (node.inode, handle.ref.etag)
+                    if version not in copies:
+                        info = self.namespace.current_info(node)
+                        try:
+                            copies[version] = await self._blocking(
+                                self.writeback.keep_copy, node.source, handle.ref,
+                                info.mtime if info else time.time())
+                        except pyfuse3.FUSEError:
+                            log.warning("could not copy %s for its open readers before it is "
+                                        "deleted or renamed", handle.ref.key)
+                            continue
+                    if self._open.get(fh) is handle:
+                        self._open[fh] = self._local_handle(node.inode, copies[version],
+                                                            os.O_RDONLY)
+        finally:
+            for copy in copies.values():
+                self.writeback.drop_file(copy.file)
+
+    def _orphan(self, node: Node) -> None:
+        """The file was deleted or renamed over: its name no longer leads to its inode, which
+        keeps its data for its open handles."""
+        self.namespace.detach(node)
+        if node.inode in self._handles:
+            self._keep_orphan(node.inode)
+
+    def _keep_orphan(self, inode: int) -> None:
+        """The state an inode deleted while open answers from: its writers' (the latest),
+        else that of any handle open on local data; none once they are all closed."""
+        handles = [self._open[fh] for fh in self._handles.get(inode, ())]
+        kept = [handle for handle in handles if handle.pending is not None]
+        if kept:
+            self._orphans[inode] = max(kept, key=lambda handle: handle.writable).pending
+        else:
+            self._orphans.pop(inode, None)
 
     async def mkdir(self, parent_inode: int, name: bytes, mode: int,
                     ctx=None) -> pyfuse3.EntryAttributes:
         parent = self.namespace.node(parent_inode)
         self._check_writable_directory(parent)
+        self._check_name(name)
         text = os.fsdecode(name)
-        if not valid_name(text):
-            raise pyfuse3.FUSEError(errno.EINVAL)
         if await self._blocking(self.namespace.entry, parent, text) is not None:
             raise pyfuse3.FUSEError(errno.EEXIST)
         await self._blocking(self.writeback.mkdir, parent.source, f"{parent.key}{text}/")
@@ -560,10 +679,9 @@ class AvafsOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EINVAL)
         if old_parent.source != new_parent.source:
             raise pyfuse3.FUSEError(errno.EXDEV)
+        self._check_name(name_new)
         old_name, entry = await self._existing(old_parent, name_old)
         new_name = os.fsdecode(name_new)
-        if not valid_name(new_name):
-            raise pyfuse3.FUSEError(errno.EINVAL)
         target = await self._blocking(self.namespace.entry, new_parent, new_name)
         if target is not None and flags & pyfuse3.RENAME_NOREPLACE:
             raise pyfuse3.FUSEError(errno.EEXIST)
@@ -578,34 +696,48 @@ class AvafsOperations(pyfuse3.Operations):
                                                              new_key)).entries:
                 raise pyfuse3.FUSEError(errno.ENOTEMPTY)
             moves, markers = await self._blocking(self._directory_moves, source, old_key, new_key)
+            inodes = (self.namespace.node(inode) for inode in self._handles)
+            readers = [node for node in inodes
+                       if node.source == source and node.key.startswith(old_key)]
         else:
             old_key, new_key = old_parent.key + old_name, new_parent.key + new_name
             if target is not None and target.is_dir:
                 raise pyfuse3.FUSEError(errno.EISDIR)
-            moves, markers = [(old_key, new_key, self._clean_info(source, old_key, entry))], []
-        await self._blocking(self.writeback.rename, source, moves, markers)
+            moves, markers = [(old_key, new_key, entry)], []
+            readers = [self.namespace.node_of(old_parent, old_name)]
+        replaced = self.namespace.node_of(new_parent, new_name) if target is not None else None
+        await self._keep_reading([node for node in (*readers, replaced) if node is not None])
+        await self._blocking(self._rename_states, source, moves, markers)
+        if replaced is not None:
+            self._orphan(replaced)
         node = self.namespace.node_of(old_parent, old_name)
         if node is not None:
             self.namespace.moved(node, new_parent, new_name, new_key)
 
-    def _clean_info(self, source: str, key: str, entry: Entry):
-        pending = self.writeback.get(source, key)
-        return None if pending is not None else entry.info
+    def _rename_states(self, source: str, moves: list[tuple[str, str, Entry]],
+                       markers: list[tuple[str, str]]) -> None:
+        """A moved file with no pending state is clean; its info is looked up as the rename
+        is applied (an upload settling after the file was listed makes it clean, with the
+        info the listing has now)."""
+        listed = {old: entry.info for old, _, entry in moves}
+        self.writeback.rename(source, [(old, new) for old, new, _ in moves], markers,
+                              lambda key: self.namespace.listed_info(source, key) or listed[key])
 
     def _directory_moves(self, source: str, old_prefix: str, new_prefix: str):
         moves, markers = [], [(old_prefix, new_prefix)]
-        pending_dirs = [old_prefix]
+        pending_dirs, listings = [old_prefix], {}
         while pending_dirs:
             prefix = pending_dirs.pop()
-            for entry in self.namespace.listing(source, prefix).ordered:
+            listings[prefix] = self.namespace.listing(source, prefix)
+            for entry in listings[prefix].ordered:
                 if entry.is_dir:
                     sub = f"{prefix}{entry.name}/"
                     markers.append((sub, new_prefix + sub[len(old_prefix):]))
                     pending_dirs.append(sub)
                 else:
                     key = prefix + entry.name
-                    moves.append((key, new_prefix + key[len(old_prefix):],
-                                  self._clean_info(source, key, entry)))
+                    moves.append((key, new_prefix + key[len(old_prefix):], entry))
+        self.namespace.prepare_move(source, listings, old_prefix, new_prefix)
         return moves, markers
 
     async def _not_supported(self, *args: object, **kwargs: object) -> None:

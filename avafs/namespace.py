@@ -21,6 +21,7 @@ when it answers again.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -39,7 +40,7 @@ from .writeback.pending import COPY, DELETED, Pending
 log = logging.getLogger(__name__)
 
 ROOT_INODE = 1
-_NAME_MAX = 255
+NAME_MAX = 255
 _DESCRIBE_PAUSE = 10.0
 """Seconds no file's attributes are read from the store after a read of them failed."""
 _LISTERS = 8
@@ -117,7 +118,7 @@ def _richer(listed: ObjectInfo, known: ObjectInfo | None) -> ObjectInfo:
 
 def valid_name(name: str) -> bool:
     return (name not in ("", ".", "..") and "\0" not in name
-            and len(name.encode("utf-8", "surrogateescape")) <= _NAME_MAX)
+            and len(name.encode("utf-8", "surrogateescape")) <= NAME_MAX)
 
 
 class Namespace:
@@ -181,6 +182,13 @@ class Namespace:
     def node_of(self, parent: Node, name: str) -> Node | None:
         inode = self._children.get((parent.inode, name))
         return self._nodes.get(inode) if inode else None
+
+    def detach(self, node: Node) -> None:
+        """The file was deleted or renamed over: its name now names a new inode, not this one,
+        which lives on (if open) until the kernel forgets it."""
+        with self._lock:
+            if self._children.get((node.parent, node.name)) == node.inode:
+                del self._children[(node.parent, node.name)]
 
     def forget(self, inode: int, count: int) -> None:
         with self._lock:
@@ -430,6 +438,13 @@ class Namespace:
                 listing.put(Entry(node.name, found))
         return found
 
+    def listed_info(self, source: str, key: str) -> ObjectInfo | None:
+        """A file's info in its directory's cached listing, if there is one (no I/O)."""
+        listing = self._listings.get((source, parent_prefix(key)))
+        entry = listing.entries.get(key[len(parent_prefix(key)):]) if listing else None
+        return entry.info if entry is not None and entry.info is not None and \
+            entry.info.key == key else None
+
     def settled(self, source: str, key: str, info: ObjectInfo | None) -> None:
         """The store now has `info` for `key` (None: deleted); keep cached listings true."""
         listing = self._listings.get((source, parent_prefix(key)))
@@ -464,6 +479,20 @@ class Namespace:
                     if other is not node and other.source == node.source and \
                             other.key.startswith(old_key):
                         other.key = new_key + other.key[len(old_key):]
+
+    def prepare_move(self, source: str, listings: dict[str, _Listing], old_prefix: str,
+                     new_prefix: str) -> None:
+        """Before a directory rename is journaled: the listings of its directories (as the
+        mount shows them, keyed by prefix) under their new prefixes, so an upload settling
+        there (possibly before the rename returns) updates what its files show. With no
+        listing, a file written there showed its size from before the rename."""
+        with self._lock:
+            for prefix, listing in listings.items():
+                moved = new_prefix + prefix[len(old_prefix):]
+                self._listings[(source, moved)] = _Listing(listing.fetched_at, {
+                    name: Entry(name, entry.info and dataclasses.replace(entry.info,
+                                                                         key=moved + name))
+                    for name, entry in listing.entries.items()})
 
     def revalidate(self, node: Node) -> ObjectInfo | None:
         """Current metadata of a file whose cached copy is older than the TTL (blocks); a

@@ -307,7 +307,7 @@ class RcloneMount(Mount):
 
     name = "rclone"
 
-    def __init__(self, server: MotoServer, mountpoint: Path, options: tuple[str, ...] = ()) -> None:
+    def __init__(self, server: Store, mountpoint: Path, options: tuple[str, ...] = ()) -> None:
         super().__init__(server, mountpoint)
         self.options = options
         """More `rclone mount` options, such as `--vfs-cache-max-size`."""
@@ -354,7 +354,7 @@ class JuiceFsMount(Mount):
 
     name = "juicefs"
 
-    def __init__(self, server: MotoServer, mountpoint: Path, cache_size: int,
+    def __init__(self, server: Store, mountpoint: Path, cache_size: int,
                  work: Path) -> None:
         """`work`: where the volume's metadata lives, kept from one mount to the next."""
         super().__init__(server, mountpoint)

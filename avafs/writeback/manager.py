@@ -3,7 +3,10 @@
 Why whole local files: checkpoints and logs are written sequentially and read back whole, and a
 local file gives POSIX semantics (random writes, truncate, append, sqlite) for free; an existing
 object is copied in once when it is first opened for writing. Dirty bytes count against the disk
-tier, so clean blocks are evicted to make room for them and never the other way round.
+tier, so clean blocks are evicted to make room for them and never the other way round. They are
+counted per data file, as what the file takes on disk (a sparse file counts its allocated blocks,
+not its length), for as long as the file lives: while a pending state names it or an open handle
+holds it, so a file deleted while open keeps its bytes, and counts, until its last close.
 
 Durability: `commit()` (FUSE flush and fsync, i.e. close() and fsync()) fsyncs the data file and
 journals the pending state before it returns. Nothing leaves the journal until the store
@@ -65,6 +68,8 @@ class WriteBack:
         self.sync_uploads = sync_uploads
         self.delay = delay
         self.on_settled: Settled = lambda source, key, info: None
+        """Called, with the lock held, with what the store now has for a key (None: nothing)
+        just before its pending state goes."""
         self.on_changed: Callable[[str, str], None] = lambda source, key: None
         """Called with (source, key) when the key's pending state comes or goes."""
         self.streams: StreamUploads | None = None
@@ -80,9 +85,16 @@ class WriteBack:
         self._order: OrderedDict[tuple[str, str], None] = OrderedDict()
         """Pending keys, least recently changed first: the order uploads become due in."""
         self._by_dir: dict[tuple[str, str], set[str]] = {}
+        self._copy_sources: Counter[tuple[str, str]] = Counter()
+        """Keys whose store version pending copies (renames) read: nothing else may change
+        such a key in the store before they land."""
+        self._in_flight: Counter[tuple[str, str]] = Counter()
+        """Keys with an upload in flight, by the key it writes. A state that replaced the one
+        being uploaded (a deletion, or the key's state after a rename moved a file away)
+        waits for it: sent at once, it could land first and be undone by the older one."""
         self._file_refs: Counter[str] = Counter()
-        self._stopping: dict[tuple[str, str], Pending] = {}
-        """Cancelled states whose upload is still running, by key: the key's next state waits."""
+        self._file_dirty: dict[str, int] = {}
+        """Bytes each live data file counts as dirty: what it takes on disk."""
         self.dirty_bytes = 0
         self.eager = False
         self.store_unreachable_since: float | None = None
@@ -100,11 +112,18 @@ class WriteBack:
             if path.name not in referenced:
                 path.unlink()  # written but never committed: not acknowledged to anyone
         for entry in entries:
-            if entry.file and not (self.data_dir / entry.file).exists():
-                log.error("journal names %s of %s but the file is gone; cannot upload it",
-                          entry.file, entry.key)
-                self.journal.remove(entry)
-                continue
+            if entry.file:
+                try:
+                    status = os.stat(self.data_dir / entry.file)
+                except FileNotFoundError:
+                    log.error("journal names %s of %s but the file is gone; cannot upload it",
+                              entry.file, entry.key)
+                    self.journal.remove(entry)
+                    continue
+                # The file is what gets uploaded: a rename journals a file still being
+                # written, whose length the crash may have left different.
+                entry.size = status.st_size
+                self._note_holes(entry, status.st_blocks * 512)
             self._index(entry)
         self._seq = itertools.count(max((e.seq for e in entries), default=0) + 1)
         self._account()
@@ -116,20 +135,22 @@ class WriteBack:
 
     def _index(self, entry: Pending) -> None:
         """Make `entry` the state of its key; data files are reference-counted by states and
-        open handles, and deleted when the last one lets go."""
+        open handles, and deleted (and no longer dirty) when the last one lets go."""
         if entry.file:
             self._file_refs[entry.file] += 1
+            self._charge(entry)
+        self._count_copy(entry, 1)
         old = self._pending.get(entry.slot)
         if old is not None:
-            self._cancel(old)
+            if old.slot == entry.slot:  # replaced, not moved to another key by a rename
+                self._cancel(old)
+            self._count_copy(old, -1)
             self._stop_streaming(old)
-            self._forget_size(old)
             if old.file:
                 self._release_file(old.file)
         self._pending[entry.slot] = entry
         self._order[entry.slot] = None
         self._order.move_to_end(entry.slot)
-        self.dirty_bytes += self._dirty_size(entry)
         self._by_dir.setdefault((entry.source, parent_prefix(entry.key)), set()).add(entry.key)
         self.on_changed(entry.source, entry.key)
 
@@ -139,8 +160,8 @@ class WriteBack:
         del self._pending[entry.slot]
         del self._order[entry.slot]
         self._cancel(entry)
+        self._count_copy(entry, -1)
         self._stop_streaming(entry)
-        self._forget_size(entry)
         keys = self._by_dir.get((entry.source, parent_prefix(entry.key)))
         if keys is not None:
             keys.discard(entry.key)
@@ -150,28 +171,49 @@ class WriteBack:
         if entry.file:
             self._release_file(entry.file)
 
+    def _count_copy(self, entry: Pending, step: int) -> None:
+        if entry.kind == COPY:
+            source = (entry.source, entry.copy_from)
+            self._copy_sources[source] += step
+            if self._copy_sources[source] <= 0:
+                del self._copy_sources[source]
+
     def _release_file(self, name: str) -> None:
         self._file_refs[name] -= 1
         if self._file_refs[name] <= 0:
             del self._file_refs[name]
+            self.dirty_bytes -= self._file_dirty.pop(name, 0)
             (self.data_dir / name).unlink(missing_ok=True)
 
-    @staticmethod
-    def _dirty_size(entry: Pending) -> int:
-        return allocated(entry.size) if entry.kind == DATA else 0
-
-    def _forget_size(self, entry: Pending) -> None:
-        self.dirty_bytes -= self._dirty_size(entry)
+    def _charge(self, entry: Pending) -> None:
+        """Count the entry's data file, while it lives, as what it takes on disk."""
+        if entry.file in self._file_refs:
+            on_disk = allocated(entry.size) if entry.allocated is None else entry.allocated
+            self.dirty_bytes += on_disk - self._file_dirty.get(entry.file, 0)
+            self._file_dirty[entry.file] = on_disk
 
     def _resize(self, entry: Pending, size: int) -> None:
-        self._forget_size(entry)
         entry.size = size
-        self.dirty_bytes += self._dirty_size(entry)
+        self._charge(entry)
 
-    def _cancel(self, entry: Pending) -> None:
+    @staticmethod
+    def _note_holes(entry: Pending, on_disk: int) -> None:
+        entry.allocated = on_disk if on_disk < allocated(entry.size) else None
+
+    def measure(self, entry: Pending, fd: int) -> None:
+        """Count a data file with holes as the blocks it has (after a write or truncate of
+        one whose `allocated` is set): its length would count a hole as written data."""
+        on_disk = os.fstat(fd).st_blocks * 512
+        with self.lock:
+            self._note_holes(entry, on_disk)
+            self._charge(entry)
+            self._account()
+
+    @staticmethod
+    def _cancel(entry: Pending) -> None:
+        """`entry` is no longer its key's state: an upload of it in flight stops at its next
+        read (the key's next state waits for it through `_in_flight`)."""
         entry.cancelled = True
-        if entry.uploading:
-            self._stopping[entry.slot] = entry
 
     def _stop_streaming(self, entry: Pending) -> None:
         entry.appended_to = None
@@ -205,10 +247,14 @@ class WriteBack:
     def data_path(self, entry: Pending) -> Path | None:
         return self.data_dir / entry.file if entry.file else None
 
-    def hold_file(self, name: str) -> None:
-        """An open handle keeps a data file alive across unlink and rename (POSIX semantics)."""
+    def hold_file(self, name: str) -> bool:
+        """An open handle keeps a data file alive across unlink and rename (POSIX semantics);
+        False if the file is gone already (its state settled since it was looked up)."""
         with self.lock:
+            if name not in self._file_refs:
+                return False
             self._file_refs[name] += 1
+            return True
 
     def drop_file(self, name: str) -> None:
         with self.lock:
@@ -233,18 +279,39 @@ class WriteBack:
                 current.writers += 1
                 self._touch(current)
                 return current
-        name = uuid.uuid4().hex
-        path = self.data_dir / name
-        with open(path, "wb") as target:
-            if base is not None and not truncate:
-                for offset in range(0, base.size, _COPY_IN_CHUNK):
-                    target.write(self.stack.read(base, offset, _COPY_IN_CHUNK))
+        name = self._copy_in(None if truncate else base)
         with self.lock:
             entry = self._next(source, key, DATA, file=name,
                                size=0 if truncate or base is None else base.size, attrs=attrs)
             entry.writers = 1
             entry.appended_to = entry.size
             self._index(entry)
+            self._account()
+            return entry
+
+    def _copy_in(self, base: ObjectRef | None) -> str:
+        """A new data file holding `base` (empty for None); blocks while the tiers read it."""
+        name = uuid.uuid4().hex
+        path = self.data_dir / name
+        try:
+            with open(path, "wb") as target:
+                for offset in range(0, base.size if base is not None else 0, _COPY_IN_CHUNK):
+                    target.write(self.stack.read(base, offset, _COPY_IN_CHUNK))
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        return name
+
+    def keep_copy(self, source: str, base: ObjectRef, mtime: float) -> Pending:
+        """A local copy of the clean version `base`, which is no key's state and is never
+        uploaded, held once for the caller: the open readers of a file that is deleted or
+        renamed go on reading it while the store loses that version. Blocks while it is
+        copied; dirty space until the last holder lets go."""
+        name = self._copy_in(base)
+        with self.lock:
+            entry = self._next(source, base.key, DATA, file=name, size=base.size, mtime=mtime)
+            self._file_refs[name] += 1
+            self._charge(entry)
             self._account()
             return entry
 
@@ -259,6 +326,8 @@ class WriteBack:
             entry.set_aside = None  # new content: the store gets a new chance
             entry.mtime = time.time()
             self._touch(entry)
+            if start > entry.size and entry.allocated is None:
+                entry.allocated = allocated(entry.size)  # a hole: `measure` counts the file
             if end > entry.size:
                 self._resize(entry, end)
                 self._account()
@@ -287,6 +356,8 @@ class WriteBack:
             entry.set_aside = None
             entry.mtime = time.time()
             self._touch(entry)
+            if size > entry.size and entry.allocated is None:
+                entry.allocated = allocated(entry.size)  # a hole: `measure` counts the file
             self._resize(entry, size)
             self._account()
 
@@ -326,12 +397,10 @@ class WriteBack:
             closed_as_stored = not entry.writers and self._stored(entry) and \
                 self._pending.get(entry.slot) is entry
             if closed_as_stored:
-                self._settle(entry)
+                self._settle(entry, entry.stored_info)
                 self.changed.notify_all()
             elif not entry.writers:
                 self._wake_uploader()
-        if closed_as_stored:
-            self.on_settled(entry.source, entry.key, entry.stored_info)
 
     def set_attributes(self, source: str, key: str, clean: ObjectInfo, mtime: float,
                        attrs: Attrs) -> None:
@@ -364,6 +433,8 @@ class WriteBack:
 
     def _replace(self, changes: list[Pending], removed: list[Pending] = ()) -> None:
         """Journal and index several states at once (one synced batch)."""
+        if not changes and not removed:
+            return  # an empty batch would never be written, and its wait never end
         self.journal.save(changes, [entry for entry in removed])
         for entry in removed:
             self._unindex(entry)
@@ -396,18 +467,36 @@ class WriteBack:
                           if entry_source == source and key.startswith(prefix) and key != prefix)
             self._replace([self._next(source, prefix, DELETED, wait_for=below)])
 
-    def rename(self, source: str, moves: list[tuple[str, str, ObjectInfo | None]],
-               markers: list[tuple[str, str]]) -> None:
-        """Move keys (old, new, clean info or None if dirty) and directory markers (old prefix,
-        new prefix) in one journal batch, so a crash leaves the whole rename or none of it."""
+    def rename(self, source: str, moves: list[tuple[str, str]], markers: list[tuple[str, str]],
+               clean_info: Callable[[str], ObjectInfo | None]) -> None:
+        """Move keys (old, new) and directory markers (old prefix, new prefix) in one journal
+        batch, so a crash leaves the whole rename or none of it. A key with no pending state
+        is clean: `clean_info` gives its store info, asked under the lock, as an upload may
+        have settled since the caller listed it.
+
+        Written data moves as the same state under its new key, so the handles open on it
+        (which hold that state) go on writing what the new key shows and uploads; a new
+        generation stops an upload of it to the old key from settling it."""
         with self.lock:
             changes: list[Pending] = []
-            for old, new, clean in moves:
+            removed: list[Pending] = []
+            rekeyed: list[tuple[Pending, str, int]] = []
+            for old, new in moves:
                 current = self._pending.get((source, old))
                 if current is not None and current.kind == DATA:
-                    moved = self._next(source, new, DATA, file=current.file, size=current.size,
-                                       mtime=current.mtime, attrs=current.attrs)
-                    changes += [moved, self._next(source, old, DELETED)]
+                    rekeyed.append((current, current.key, current.seq))
+                    current.key, current.seq = new, next(self._seq)
+                    current.generation += 1
+                    # Indexing it under `new` first keeps its file: the deletion that takes
+                    # its old key's place releases only the old key's hold.
+                    changes += [current, self._next(source, old, DELETED)]
+                elif current is not None and current.kind == COPY and \
+                        current.copy_from == new:
+                    # Renamed back before its copy landed: the store still has the version
+                    # (nothing changes a key a copy reads), so the key needs no change.
+                    if (source, new) in self._pending:
+                        removed.append(self._pending[(source, new)])
+                    changes.append(self._next(source, old, DELETED))
                 elif current is not None and current.kind == COPY:
                     # A change of attributes copies `old` onto itself: the copy to `new` reads it.
                     changes += [self._next(source, new, COPY, size=current.size,
@@ -415,7 +504,7 @@ class WriteBack:
                                            copy_etag=current.copy_etag, attrs=current.attrs),
                                 self._next(source, old, DELETED, wait_for=(
                                     (new,) if current.copy_from == old else ()))]
-                elif clean is not None:
+                elif current is None and (clean := clean_info(old)) is not None:
                     changes += [self._next(source, new, COPY, size=clean.size, mtime=clean.mtime,
                                            copy_from=old, copy_etag=clean.etag,
                                            attrs=clean.attrs),
@@ -425,7 +514,12 @@ class WriteBack:
                               if entry.key.startswith(old) and entry.key != old)
                 changes += [self._next(source, new, DATA),
                             self._next(source, old, DELETED, wait_for=below)]
-            self._replace(changes)
+            try:
+                self._replace(changes, removed)
+            except BaseException:  # not journaled: the moved states keep their old keys
+                for entry, key, seq in rekeyed:
+                    entry.key, entry.seq = key, seq
+                raise
 
     # --- upload bookkeeping, for the uploader ----------------------------------------------------
 
@@ -440,7 +534,7 @@ class WriteBack:
             self.work.notify(keys)
 
     def next_ready(self, now: float) -> Pending | None:
-        """The entry the uploader should start now, if any.
+        """The entry the uploader should start now, if any, marked as uploading.
 
         Entries are visited least recently changed first, so the scan stops at the first one
         still inside its write-back delay: every later one is too. The cost is the number of
@@ -454,24 +548,32 @@ class WriteBack:
                     return None
                 if entry.uploading or not entry.durable or entry.next_attempt > now or \
                         (entry.writers and not entry.awaited) or self._stored(entry) or \
-                        entry.set_aside is not None or slot in self._stopping:
+                        entry.set_aside is not None:
                     continue
-                if any((entry.source, other) in self._pending for other in entry.wait_for):
-                    continue
+                if any((entry.source, other) in self._pending for other in entry.wait_for) or \
+                        slot in self._copy_sources or slot in self._in_flight:
+                    continue  # e.g. a new file of a name renamed away, before its copy lands
+                entry.uploading, entry.upload_slot = True, slot
+                self._in_flight[slot] += 1
                 return entry
             return None
 
-    def _stopped(self, entry: Pending) -> None:
-        """The uploader is done with `entry` (call with the lock held)."""
+    def _upload_ended(self, entry: Pending) -> None:
+        """The uploader is done with `entry` (call with the lock held); a state of its key
+        that waited for it may go now."""
         entry.uploading = False
-        if self._stopping.get(entry.slot) is entry:
-            del self._stopping[entry.slot]
-            self._wake_uploader()
+        slot, entry.upload_slot = entry.upload_slot, None
+        if slot is not None:
+            self._in_flight[slot] -= 1
+            if self._in_flight[slot] <= 0:
+                del self._in_flight[slot]
+                if slot in self._pending:
+                    self._wake_uploader()
 
     def settled(self, entry: Pending, generation: int, info: ObjectInfo | None) -> bool:
         """Record that the store has `entry` as of `generation`; False if it changed since."""
         with self.lock:
-            self._stopped(entry)
+            self._upload_ended(entry)
             self.store_unreachable_since = None
             current = self._pending.get(entry.slot)
             if current is not entry or entry.generation != generation:
@@ -481,12 +583,15 @@ class WriteBack:
                 entry.stored_generation, entry.stored_info = generation, info
                 self.changed.notify_all()
                 return True
-            self._settle(entry)
+            self._settle(entry, info)
             self.changed.notify_all()
-        self.on_settled(entry.source, entry.key, info)
         return True
 
-    def _settle(self, entry: Pending) -> None:
+    def _settle(self, entry: Pending, info: ObjectInfo | None) -> None:
+        """The store has the entry's state: the namespace learns `info` before the state goes,
+        so no lookup in between finds neither (a file written in a directory whose listing
+        is not cached would show its size from before its writes)."""
+        self.on_settled(entry.source, entry.key, info)
         self.journal.remove(entry)
         self._unindex(entry)
         self._account()
@@ -495,7 +600,7 @@ class WriteBack:
         """An upload of `entry` failed: retried later, set aside if the store refused it for
         good, forgotten if the entry was cancelled meanwhile."""
         with self.lock:
-            self._stopped(entry)
+            self._upload_ended(entry)
             if entry.cancelled:
                 self.changed.notify_all()
                 log.info("upload of %r stopped: the file changed or went away", entry.key)
@@ -582,13 +687,13 @@ class WriteBack:
         with self.lock:
             if selects is None:
                 pending = list(self._pending.values())
-                dirty = self.dirty_bytes
+                dirty, files = self.dirty_bytes, len(self._file_dirty)
             else:
                 pending = [entry for entry in self._pending.values() if selects(entry)]
-                dirty = sum(entry.size for entry in pending if entry.kind == DATA)
+                held = {entry.file for entry in pending if entry.file in self._file_dirty}
+                dirty, files = sum(self._file_dirty[name] for name in held), len(held)
             return {"bytes": dirty,
-                    "files": sum(entry.kind == DATA and entry.file is not None
-                                 for entry in pending),
+                    "files": files,
                     "upload_queue": len(pending),
                     "uploading": sum(entry.uploading for entry in pending),
                     "set_aside": [{"source": entry.source, "key": entry.key,

@@ -49,6 +49,8 @@ class Pending:
     attempts: int = 0
     next_attempt: float = 0.0
     uploading: bool = False
+    upload_slot: tuple[str, str] | None = None
+    """The (source, key) the upload in flight writes: a rename may move the entry meanwhile."""
     awaited: bool = False
     """A close() waits for this upload (--writeback sync): upload it though still open."""
     appended_to: int | None = None
@@ -66,6 +68,9 @@ class Pending:
     stays pending and journaled, its data kept, but no longer retried on its own."""
     cancelled: bool = False
     """No longer the key's state (replaced or removed): an upload of it in flight stops."""
+    allocated: int | None = None
+    """What the data file takes on disk, measured, once a write or truncate left a hole in it;
+    None while it has none, when that is its length rounded up to whole disk blocks."""
 
     @property
     def slot(self) -> tuple[str, str]:
