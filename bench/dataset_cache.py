@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import median  # noqa: E402
-from mounts import AvafsMount, JuiceFsMount, Mount, RcloneMount, unmount_everything  # noqa: E402
+from mounts import AvafsMount, JuicefsMount, Mount, RcloneMount, unmount_everything  # noqa: E402
 from s3server import BUCKET, CREDENTIALS, MotoServer, free_port  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
@@ -57,8 +57,9 @@ BATCH = 4
 class CountingProxy:
     """A TCP proxy to the store that counts the bytes the store sends back."""
 
-    def __init__(self, upstream_port: int) -> None:
-        self._upstream = upstream_port
+    def __init__(self, upstream: MotoServer) -> None:
+        self._upstream = upstream.port
+        self.client = upstream.client
         self._lock = threading.Lock()
         self.received = 0
         self._listener = socket.create_server(("127.0.0.1", free_port()))
@@ -110,6 +111,21 @@ def upload(server: MotoServer, case: Case) -> None:
                       Body=os.urandom(case.size))
 
 
+def load_through(mount: JuicefsMount, case: Case, work: Path) -> None:
+    """Write the case's files through a JuiceFS mount (it keeps data in its own format), from
+    random files made locally first."""
+    source = work / "juicefs-source"
+    names = [f"{case.name}/{index:06d}.bin" for index in range(case.files)]
+    for name in names:
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).write_bytes(os.urandom(case.size))
+    try:
+        mount.load(source, names, work / "juicefs-load-cache")
+    finally:
+        shutil.rmtree(source, ignore_errors=True)
+        shutil.rmtree(work / "juicefs-load-cache", ignore_errors=True)
+
+
 def disk_used(directory: Path) -> int:
     """Bytes the files under `directory` occupy, as `du` counts them."""
     return sum(path.lstat().st_blocks * 512 for path in directory.rglob("*") if path.is_file())
@@ -146,7 +162,7 @@ def make_mount(system: str, proxy: CountingProxy, mountpoint: Path, disk_cache: 
     if system == "rclone":
         return RcloneMount(proxy, mountpoint, ("--vfs-cache-max-size", f"{disk_cache // MiB}M",
                                                "--vfs-cache-poll-interval", "1s", "--read-only"))
-    return JuiceFsMount(proxy, mountpoint, disk_cache, mountpoint.parent / "juicefs")
+    return JuicefsMount(proxy, mountpoint, disk_cache)
 
 
 def run(system: str, case: Case, proxy: CountingProxy, work: Path, disk_cache: int,
@@ -154,8 +170,8 @@ def run(system: str, case: Case, proxy: CountingProxy, work: Path, disk_cache: i
     mount = make_mount(system, proxy, work / "mnt", disk_cache)
     cache = work / f"cache-{system}"
     shutil.rmtree(cache, ignore_errors=True)
-    if isinstance(mount, JuiceFsMount):
-        mount.load(case.name, case.files, case.size)
+    if isinstance(mount, JuicefsMount):
+        load_through(mount, case, work)
     mount.mount(cache)
     try:
         return epochs(mount.mountpoint, cache, case, proxy, count, system.startswith("avafs"),
@@ -184,7 +200,7 @@ def main() -> int:
              for size in args.sizes for multiple in args.multiples]
     work = Path(tempfile.mkdtemp(prefix="dataset-cache-bench-"))
     server = MotoServer(work / "moto.log")
-    proxy = CountingProxy(server.port)
+    proxy = CountingProxy(server)
     try:
         server.client().create_bucket(Bucket=BUCKET)
         print(f"disk cache {args.disk_cache}, {args.epochs} epochs, {WORKERS} DataLoader "

@@ -347,57 +347,6 @@ class RcloneMount(Mount):
         self._log.close()
 
 
-class JuiceFsMount(Mount):
-    """JuiceFS with a local SQLite metadata engine and its data in the bucket, in JuiceFS's
-    own chunk format: a dataset is written through a JuiceFS mount before it can be read
-    (`load`); `--cache-size` bounds its local block cache."""
-
-    name = "juicefs"
-
-    def __init__(self, server: Store, mountpoint: Path, cache_size: int,
-                 work: Path) -> None:
-        """`work`: where the volume's metadata lives, kept from one mount to the next."""
-        super().__init__(server, mountpoint)
-        self.cache_size = cache_size
-        self.work = work
-        self._meta = f"sqlite3://{work / 'meta.db'}"
-
-    def load(self, directory: str, files: int, size: int) -> None:
-        """Formats a volume in the bucket's "juicefs/" prefix once and writes `files` random
-        files of `size` bytes into `directory` through a mount of it, unless already there."""
-        self.work.mkdir(parents=True, exist_ok=True)
-        if not (self.work / "meta.db").exists():
-            run_checked(["juicefs", "format", "--storage", "minio", "--bucket",
-                         f"{self.server.endpoint}/{BUCKET}/juicefs",
-                         "--access-key", CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                         "--secret-key", CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-                         self._meta, "bench"])
-        work = self.work
-        loader = JuiceFsMount(self.server, work / "mnt", self.cache_size, work)
-        loader.mount(work / "cache")
-        try:
-            target = loader.mountpoint / directory
-            if not target.exists():
-                target.mkdir()
-                for index in range(files):
-                    (target / f"{index:06d}.bin").write_bytes(os.urandom(size))
-        finally:
-            loader.unmount()
-            shutil.rmtree(work / "cache", ignore_errors=True)
-
-    def _mount(self, cache_dir: Path) -> None:
-        run_checked(["juicefs", "mount", "-d", self._meta, str(self.mountpoint),
-                     "--cache-dir", str(cache_dir), "--cache-size",
-                     str(self.cache_size // 2**20), "--free-space-ratio", "0",
-                     "--log", str(cache_dir.parent / f"{cache_dir.name}.log")])
-
-    def _daemon_pid(self) -> int | None:
-        return find_daemon("juicefs", self.mountpoint)
-
-    def _unmount(self) -> None:
-        run_checked(["juicefs", "umount", str(self.mountpoint)])
-
-
 class S3fsMount(Mount):
     """s3fs-fuse with its local file cache; it uploads a file when it is closed."""
 
@@ -425,10 +374,12 @@ class JuicefsMount(Mount):
     writes_in_bucket = False
     BUCKET = "bench-juicefs"
 
-    def __init__(self, server: Store, mountpoint: Path) -> None:
+    def __init__(self, server: Store, mountpoint: Path, cache_size: int | None = None) -> None:
+        """`cache_size`: a bound on its local block cache (`--cache-size`), else its default."""
         super().__init__(server, mountpoint)
         self.binary = peer_binary("juicefs") or "juicefs"
         self.meta = f"sqlite3://{mountpoint.parent / 'juicefs-meta.db'}"
+        self.cache_size = cache_size
 
     def load(self, source: Path, names: list[str], cache_dir: Path) -> None:
         """Format the file system and copy `names` from `source` into it through a mount
@@ -449,9 +400,11 @@ class JuicefsMount(Mount):
             self.unmount()
 
     def _mount(self, cache_dir: Path) -> None:
+        bound = [] if self.cache_size is None else [
+            "--cache-size", str(self.cache_size // 2**20), "--free-space-ratio", "0"]
         run_checked([self.binary, "mount", "-d", "--no-usage-report", "--cache-dir",
                      str(cache_dir), "--log", str(cache_dir.parent / f"{cache_dir.name}.log"),
-                     self.meta, str(self.mountpoint)])
+                     *bound, self.meta, str(self.mountpoint)])
 
     def _daemon_pid(self) -> int | None:
         """The serving process, as the mount's virtual `.config` file names it (`mount -d`
