@@ -39,6 +39,14 @@ def _tier(root: Path, policy: str, blocks: int = TIER_BLOCKS,
                     clock or itertools.count().__next__)
 
 
+def _full_of_residents(root: Path, clock: Callable[[], float] | None = None) -> DiskTier:
+    """A dataset-policy tier of 10 blocks holding 9 residents, each read once."""
+    tier = _tier(root, "dataset", blocks=10, clock=clock)
+    for index in range(9):
+        tier.put(_block(index), b"r" * BLOCK)
+    return tier
+
+
 def _epoch(tier: DiskTier, samples: int, seed: int) -> float:
     """Reads every sample once in a shuffled order, as a training epoch does; the hit ratio."""
     order = list(range(samples))
@@ -89,10 +97,7 @@ def test_a_new_dataset_read_more_often_replaces_an_old_one(tmp_path):
 
 
 def test_demoted_blocks_do_not_count_as_reads(tmp_path):
-    tier = _tier(tmp_path, "dataset", blocks=10)
-    residents = [_block(index) for index in range(9)]
-    for block in residents:
-        tier.put(block, b"r" * BLOCK)
+    tier = _full_of_residents(tmp_path)
     newcomer = _block(100)
     for _ in range(5):  # offered again and again by the RAM tier, never read from the store
         tier.put(newcomer, b"n" * BLOCK, read=False)
@@ -109,10 +114,7 @@ def test_reads_within_one_period_count_once(tmp_path):
     """Readers read residents in place unseen for a period; a newcomer fetched again and
     again meanwhile (short epochs) must not look read more often than they are."""
     now = [0.0]
-    tier = _tier(tmp_path, "dataset", blocks=10, clock=lambda: now[0])
-    residents = [_block(index) for index in range(9)]
-    for block in residents:
-        tier.put(block, b"r" * BLOCK)
+    tier = _full_of_residents(tmp_path, clock=lambda: now[0])
     for _ in range(5):
         tier.put(_block(100), b"n" * BLOCK)
     assert _block(100) not in tier
