@@ -162,7 +162,6 @@ cleanup() {{
   for mounted in $(avafs_mounts); do
     echo "$inherited" | grep -qxF "$mounted" || avafs umount --no-flush "$mounted" || true
   done
-  kill $(jobs -p) 2>/dev/null || true
 }}
 trap cleanup EXIT
 ip link set lo up
@@ -185,7 +184,10 @@ def run_example(root: Path, body: str, setup: str = "",
     EXAMPLE_HOSTS to the loopback, and `avafs` and `python3` are this interpreter, so the
     example touches nothing outside. `setup` (shell) runs first (in `root`); the example runs
     in `root/work`, and every avafs mount it made is unmounted at the end (the namespace's
-    copies of other mounts are left alone).
+    copies of other mounts are left alone). It runs in a PID namespace of its own, so whatever
+    it left running in the background (a coordinator, a server) dies with it: such a process
+    would otherwise hold the namespace's copies of other tests' FUSE mounts, and their daemons
+    could not exit.
     """
     (root / "work").mkdir(parents=True, exist_ok=True)
     (root / "hosts").write_text(f"127.0.0.1 localhost {' '.join(EXAMPLE_HOSTS)}\n")
@@ -197,7 +199,8 @@ def run_example(root: Path, body: str, setup: str = "",
     script = _EXAMPLE_SCRIPT.format(root=root, setup=f"cd {root}\n{setup}", body=body)
     repo = Path(__file__).resolve().parent.parent
     return subprocess.run(
-        ["unshare", "--mount", "--net", "--propagation", "private", "sh", "-c", script],
+        ["unshare", "--mount", "--net", "--pid", "--fork", "--mount-proc", "--propagation",
+         "private", "sh", "-c", script],
         capture_output=True, text=True, timeout=600,
         env={**os.environ, **(env or {}), "PATH": f"{commands}:{os.environ['PATH']}",
              "PYTHONPATH": str(repo)})
