@@ -171,6 +171,12 @@ class WriteBack:
         if entry.file:
             self._release_file(entry.file)
 
+    def _read_by_other_copies(self, entry: Pending) -> bool:
+        """Whether pending copies other than `entry` itself read its key (a change of
+        attributes copies a key onto itself, and must not wait for itself)."""
+        itself = entry.kind == COPY and entry.copy_from == entry.key
+        return self._copy_sources[entry.slot] > itself
+
     def _count_copy(self, entry: Pending, step: int) -> None:
         if entry.kind == COPY:
             source = (entry.source, entry.copy_from)
@@ -551,7 +557,7 @@ class WriteBack:
                         entry.set_aside is not None:
                     continue
                 if any((entry.source, other) in self._pending for other in entry.wait_for) or \
-                        slot in self._copy_sources or slot in self._in_flight:
+                        self._read_by_other_copies(entry) or slot in self._in_flight:
                     continue  # e.g. a new file of a name renamed away, before its copy lands
                 entry.uploading, entry.upload_slot = True, slot
                 self._in_flight[slot] += 1
