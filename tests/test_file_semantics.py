@@ -48,7 +48,8 @@ def test_temporary_file_keeps_its_data_until_closed(s3_server, bucket, s3_mount)
         assert os.pread(file.fileno(), 200_000, 0) == data + b"tail"
         assert os.fstat(file.fileno()).st_size == len(data) + 4
         assert dirty(mnt)["bytes"] >= len(data)  # its bytes are on the local disk
-    assert dirty(mnt) == {"bytes": 0, "files": 0, "upload_queue": 0, "uploading": 0}
+    assert dirty(mnt) == {"bytes": 0, "files": 0, "upload_queue": 0, "uploading": 0,
+                          "set_aside": []}
     Client(mnt).flush()
     assert store_keys(s3_server, bucket) == set()
     assert puts_to(s3_server, bucket) == []
@@ -145,7 +146,8 @@ def test_directory_renamed_while_a_file_in_it_is_written(s3_server, bucket, s3_m
     assert (mnt / "d2" / "f").read_bytes() == first + second
     assert store_bytes(s3_server, bucket, "d2/f") == first + second
     assert store_keys(s3_server, bucket) == {"d2/", "d2/f"}
-    assert dirty(mnt) == {"bytes": 0, "files": 0, "upload_queue": 0, "uploading": 0}
+    assert dirty(mnt) == {"bytes": 0, "files": 0, "upload_queue": 0, "uploading": 0,
+                          "set_aside": []}
 
 
 def test_rename_of_a_file_being_written_survives_a_crash(s3_server, bucket, s3_mount):
