@@ -9,7 +9,7 @@ the dataset for `--epochs` shuffled epochs through a PyTorch DataLoader (the sam
 order for all: `AvaShuffleSampler`, seed 0), from a cold cache of `--disk-cache` bytes, with
 the page cache dropped before every epoch (`echo 3 > /proc/sys/vm/drop_caches`: run as root).
 Prints, per epoch, the hit ratio, 1 - (bytes the store sent) / (dataset bytes), counted by a
-TCP proxy in front of moto's S3 server, so that every system is measured alike, prefetches
+TCP proxy in front of moto's S3 server (the tests' fault proxy, passing everything), so that every system is measured alike, prefetches
 included; and samples per second. With `--runs N`, medians of N runs.
 
 Systems: avafs with `--cache-policy lru` (before issue 27), with `--cache-policy dataset`,
@@ -21,23 +21,23 @@ dataset written through it first). A system whose binary is missing is skipped w
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
-import socket
 import sys
 import tempfile
-import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests"))  # the counting proxy
 
 from common import median  # noqa: E402
+from fault_proxy import FaultProxy  # noqa: E402
 from mounts import AvafsMount, JuicefsMount, Mount, RcloneMount, unmount_everything  # noqa: E402
-from s3server import BUCKET, CREDENTIALS, MotoServer, free_port  # noqa: E402
+from s3server import BUCKET, CREDENTIALS, MotoServer  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from adapters.torch import AvaMapDataset, AvaShuffleSampler  # noqa: E402
@@ -54,38 +54,13 @@ WORKERS = 2
 BATCH = 4
 
 
-class CountingProxy:
-    """A TCP proxy to the store that counts the bytes the store sends back."""
+@dataclass(frozen=True)
+class ProxiedStore:
+    """The store as the mounts reach it, through the counting proxy (`endpoint`), and as the
+    benchmark administers it, directly (`client`)."""
 
-    def __init__(self, upstream: MotoServer) -> None:
-        self._upstream = upstream.port
-        self.client = upstream.client
-        self._lock = threading.Lock()
-        self.received = 0
-        self._listener = socket.create_server(("127.0.0.1", free_port()))
-        self.endpoint = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True, name="proxy-accept").start()
-
-    def _accept(self) -> None:
-        while True:
-            client, _ = self._listener.accept()
-            upstream = socket.create_connection(("127.0.0.1", self._upstream))
-            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
-
-    def _pump(self, source: socket.socket, target: socket.socket, counted: bool) -> None:
-        try:
-            while data := source.recv(1 << 16):
-                target.sendall(data)
-                if counted:
-                    with self._lock:
-                        self.received += len(data)
-        except OSError:
-            pass
-        finally:
-            for end in (source, target):
-                with contextlib.suppress(OSError):
-                    end.shutdown(socket.SHUT_RDWR)
+    endpoint: str
+    client: Callable[[], object]
 
 
 @dataclass(frozen=True)
@@ -131,7 +106,7 @@ def disk_used(directory: Path) -> int:
     return sum(path.lstat().st_blocks * 512 for path in directory.rglob("*") if path.is_file())
 
 
-def epochs(mountpoint: Path, cache: Path, case: Case, proxy: CountingProxy, count: int,
+def epochs(mountpoint: Path, cache: Path, case: Case, proxy: FaultProxy, count: int,
            on_avafs: bool, cache_aware: bool) -> list[tuple[float, float, int]]:
     """(hit ratio, samples/s, bytes in the cache dir at its end) of each epoch."""
     dataset = AvaMapDataset.from_prefix(mountpoint / case.name, require_mount=on_avafs)
@@ -143,31 +118,32 @@ def epochs(mountpoint: Path, cache: Path, case: Case, proxy: CountingProxy, coun
     for epoch in range(count):
         sampler.set_epoch(epoch)
         drop_caches()
-        before = proxy.received
+        before = proxy.received_from_upstream
         started = time.perf_counter()
         samples = sum(loader)
         elapsed = time.perf_counter() - started
-        fetched = proxy.received - before
+        fetched = proxy.received_from_upstream - before
         # HTTP headers make a cold epoch fetch a little more than the dataset: shown as 0.
         results.append((max(0.0, 1 - fetched / (case.files * case.size)), samples / elapsed,
                         disk_used(cache)))
     return results
 
 
-def make_mount(system: str, proxy: CountingProxy, mountpoint: Path, disk_cache: int) -> Mount:
+def make_mount(system: str, store: ProxiedStore, mountpoint: Path, disk_cache: int) -> Mount:
     if system.startswith("avafs"):
         policy = "lru" if system == "avafs-lru" else "dataset"
-        return AvafsMount(proxy, mountpoint, RAM_CACHE, disk_cache,
+        return AvafsMount(store, mountpoint, RAM_CACHE, disk_cache,
                           ("--read-only", "--cache-policy", policy))
     if system == "rclone":
-        return RcloneMount(proxy, mountpoint, ("--vfs-cache-max-size", f"{disk_cache // MiB}M",
+        return RcloneMount(store, mountpoint, ("--vfs-cache-max-size", f"{disk_cache // MiB}M",
                                                "--vfs-cache-poll-interval", "1s", "--read-only"))
-    return JuicefsMount(proxy, mountpoint, disk_cache)
+    return JuicefsMount(store, mountpoint, disk_cache)
 
 
-def run(system: str, case: Case, proxy: CountingProxy, work: Path, disk_cache: int,
-        count: int) -> list[tuple[float, float, int]]:
-    mount = make_mount(system, proxy, work / "mnt", disk_cache)
+def run(system: str, case: Case, server: MotoServer, proxy: FaultProxy, work: Path,
+        disk_cache: int, count: int) -> list[tuple[float, float, int]]:
+    mount = make_mount(system, ProxiedStore(proxy.endpoint, server.client), work / "mnt",
+                       disk_cache)
     cache = work / f"cache-{system}"
     shutil.rmtree(cache, ignore_errors=True)
     if isinstance(mount, JuicefsMount):
@@ -200,7 +176,7 @@ def main() -> int:
              for size in args.sizes for multiple in args.multiples]
     work = Path(tempfile.mkdtemp(prefix="dataset-cache-bench-"))
     server = MotoServer(work / "moto.log")
-    proxy = CountingProxy(server)
+    proxy = FaultProxy(server.port)
     try:
         server.client().create_bucket(Bucket=BUCKET)
         print(f"disk cache {args.disk_cache}, {args.epochs} epochs, {WORKERS} DataLoader "
@@ -214,7 +190,7 @@ def main() -> int:
                                               for e in range(args.epochs)))
             for system in systems:
                 try:
-                    runs = [run(system, case, proxy, work, disk_cache, args.epochs)
+                    runs = [run(system, case, server, proxy, work, disk_cache, args.epochs)
                             for _ in range(args.runs)]
                 except RuntimeError as error:
                     print(f"{system:<15} failed: {error}", flush=True)
@@ -227,6 +203,7 @@ def main() -> int:
                 print(f"{system:<15}" + "".join(f"{cell:>24}" for cell in cells), flush=True)
     finally:
         unmount_everything()
+        proxy.close()
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -12,7 +12,8 @@ no kept-alive connection slips past it):
 - "cut": relay the request, then only the first CUT_AFTER bytes of the answer, then close.
 
 `faults` counts the connections a fault was injected on (refused connects are not seen);
-`sent_upstream` the bytes relayed to the server (requests and uploaded data).
+`sent_upstream` the bytes relayed to the server (requests and uploaded data),
+`received_from_upstream` the bytes relayed back from it (answers and downloaded data).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class FaultProxy:
         self.rate = rate
         self.faults = 0
         self.sent_upstream = 0
+        self.received_from_upstream = 0
         self._mode = "pass"
         self._lock = threading.Lock()
         self._closed = False
@@ -154,9 +156,11 @@ class FaultProxy:
             while data := source.recv(_CHUNK):
                 while self._mode == "hang" and not self._closed:
                     time.sleep(0.2)
-                if upward:
-                    with self._lock:
+                with self._lock:
+                    if upward:
                         self.sent_upstream += len(data)
+                    else:
+                        self.received_from_upstream += len(data)
                 if self._mode == "slow":
                     for start in range(0, len(data), max(1, self.rate // 10)):
                         piece = data[start:start + max(1, self.rate // 10)]
