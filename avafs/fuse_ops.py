@@ -170,7 +170,7 @@ class AvafsOperations(pyfuse3.Operations):
 
     async def _described(self, node: Node) -> pyfuse3.EntryAttributes:
         """The node's attributes, its object's metadata read first where needed (one HEAD)."""
-        if self._undescribed(self.namespace.current_info(node)):
+        if not self.options.listing_attrs:
             await self._info_with_attrs(node)
         return self._attributes(node)
 
