@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from avafs.manifest import ManifestError
+from avafs.warmup.manifest import ManifestError
 
 __all__ = ["EmptyDatasetError", "ManifestError", "ShardFormatError"]
 

@@ -21,23 +21,23 @@ from typing import Any, NoReturn
 from urllib.parse import urlparse
 
 from . import __version__
-from .cache_dir import (
+from .client import Client, dead_mount_error
+from .config.cache_dir import (
     default_cache_root,
     log_path,
     open_log_for_append,
     prepare_cache_dir,
     unuploaded_in_shared_default,
 )
-from .client import Client, dead_mount_error
-from .config_file import load_config
+from .config.file import load_config
+from .config.options import MOUNT_OPTIONS, MountOptions, build_mount_options, parse_option
+from .config.sizes import UNITS_HELP, format_size
+from .control.progress import FlushProgress, WarmupProgress, summary
+from .control.status_text import format_status
 from .errors import AvafsError
+from .host.mounts import AVAFS_FSTYPE, is_dead, mount_at
+from .host.processes import wait_for_exit
 from .log_format import printable
-from .mounts import AVAFS_FSTYPE, is_dead, mount_at
-from .options import MOUNT_OPTIONS, MountOptions, build_mount_options, parse_option
-from .processes import wait_for_exit
-from .progress import FlushProgress, WarmupProgress, summary
-from .sizes import UNITS_HELP, format_size
-from .status_text import format_status
 
 _DAEMON_START_TIMEOUT = 120.0
 

@@ -21,7 +21,10 @@ from typing import Any
 import prometheus_client
 import trio
 
-from .cache_dir import (
+from .batch_reads.generation import InPlaceWatch
+from .batch_reads.serve import KEEP_LOCATIONS_FOR, FileReads
+from .batch_reads.snapshot import LocationSnapshot
+from .config.cache_dir import (
     DISK_TIER_DIR,
     LOCATIONS_FILE,
     LOCK_FILE,
@@ -31,24 +34,21 @@ from .cache_dir import (
     log_path,
     prepare_cache_dir,
 )
-from .control import SOCKET_NAME, ControlServer, Progress
+from .config.options import MountOptions
+from .control.socket import SOCKET_NAME, ControlServer, Progress
+from .control.status import RecentErrors, build_status
 from .errors import NEW_OBJECTS_HINT, AvafsError
-from .file_reads import KEEP_LOCATIONS_FOR, FileReads
 from .fuse_ops import AvafsOperations
-from .in_place_watch import InPlaceWatch
-from .location_snapshot import LocationSnapshot
+from .host.mounts import AVAFS_FSTYPE, mount_at
 from .log_format import EscapingFormatter
 from .metrics import Metrics
-from .mounts import AVAFS_FSTYPE, mount_at
 from .namespace import Namespace
-from .options import MountOptions
-from .status import RecentErrors, build_status
 from .stores import StoreLimits, open_store
 from .stores.instrumented import InstrumentedStore
 from .tiers.disk import DiskTier
 from .tiers.ram import RamTier
 from .tiers.stack import TierStack
-from .warmup import Prefetcher, WarmupRunner, expand
+from .warmup.runner import Prefetcher, WarmupRunner, expand
 from .writeback.manager import WriteBack
 from .writeback.pending import Pending
 from .writeback.uploader import Uploader

@@ -29,13 +29,13 @@ from typing import TypeVar
 import pyfuse3
 import trio
 
+from .config.options import MountOptions
 from .errors import ObjectChangedError, StoreError
 from .namespace import NAME_MAX, ROOT_INODE, Entry, Namespace, Node, valid_name
-from .options import MountOptions
+from .objects import ObjectRef, block_span
 from .stores.base import ObjectInfo
 from .stores.metadata import Attrs
-from .tiers.blocks import block_span
-from .tiers.stack import ObjectRef, TierStack
+from .tiers.stack import TierStack
 from .writeback.pending import DATA, Pending
 
 log = logging.getLogger(__name__)

@@ -32,9 +32,9 @@ from concurrent.futures import TimeoutError as WaitTimeout
 from dataclasses import dataclass, field
 
 from .errors import StoreError
+from .objects import ObjectRef, parent_prefix
 from .stores.base import ObjectInfo, ObjectStore
-from .tiers.stack import ObjectRef
-from .writeback.manager import WriteBack, parent_prefix
+from .writeback.manager import WriteBack
 from .writeback.pending import COPY, DELETED, Pending
 
 log = logging.getLogger(__name__)

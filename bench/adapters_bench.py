@@ -12,7 +12,7 @@ workers every epoch (DataLoader's defaults), the same dataset with persistent wo
 `set_epoch` reshuffling every epoch, `AvaMapDataset` over the same files with a shuffling
 sampler and persistent workers, and `AvaIterableDataset` over tar shards of the same samples.
 Workers remember where the files they read in place are; fresh workers take up what earlier
-ones were told from the daemon's snapshot (`avafs/location_snapshot.py`).
+ones were told from the daemon's snapshot (`avafs/batch_reads/snapshot.py`).
 Everything it creates (files, mount, cache) is removed at the end.
 """
 

@@ -49,7 +49,7 @@ from runner import SET_ASIDE, FuseRound, Setup, run_direct, run_local  # noqa: E
 from workloads import WritePlan, tree_names, write_tree  # noqa: E402
 
 import avafs  # noqa: E402
-from avafs.sizes import parse_size  # noqa: E402
+from avafs.config.sizes import parse_size  # noqa: E402
 
 FULL = {"rounds": 2, "large": 4, "large_size": 64 * MiB, "small": 1000,
         "small_size": 100 * 1024, "tree": 20_000, "write_size": 2**30, "small_writes": 10_000,

@@ -43,7 +43,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 import boto3  # noqa: E402
 import s3server  # noqa: E402
 
-from avafs.processes import wait_for_exit  # noqa: E402
+from avafs.host.processes import wait_for_exit  # noqa: E402
 
 MiB = 2**20
 _CHUNK = 64 * 1024

@@ -41,7 +41,7 @@ from s3server import BUCKET, CREDENTIALS, MotoServer  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from adapters.torch import AvaMapDataset, AvaShuffleSampler  # noqa: E402
-from avafs.sizes import parse_size  # noqa: E402
+from avafs.config.sizes import parse_size  # noqa: E402
 
 MiB = 2**20
 SYSTEMS = ("avafs-lru", "avafs-dataset", "avafs-aware", "rclone", "juicefs")

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import MiB, avafs, make_dataset, read_all, write_local  # noqa: E402
 
 from avafs.client import Client  # noqa: E402
-from avafs.sizes import format_size  # noqa: E402
+from avafs.config.sizes import format_size  # noqa: E402
 
 
 def main() -> int:

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import median  # noqa: E402
 from s3server import CREDENTIALS, MotoServer  # noqa: E402
 
-from avafs.sizes import parse_size  # noqa: E402
+from avafs.config.sizes import parse_size  # noqa: E402
 
 
 def ranges(blocks: int, block_size: int) -> list[tuple[str, str]]:

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from avafs.cache_dir import PID_FILE
+from avafs.config.cache_dir import PID_FILE
 
 from .volume_spec import SECRET_KEYS, Credentials
 

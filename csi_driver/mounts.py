@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from avafs.mounts import AVAFS_FSTYPE, MountEntry, mount_at, mount_table, normalize
+from avafs.host.mounts import AVAFS_FSTYPE, MountEntry, mount_at, mount_table, normalize
 
 __all__ = ["AVAFS_FSTYPE", "MountEntry", "mount_at", "mount_table", "normalize"]
 

@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from avafs.options import OPTIONS_BY_NAME
-from avafs.sizes import parse_size
+from avafs.config.options import OPTIONS_BY_NAME
+from avafs.config.sizes import parse_size
 
 from .errors import invalid_argument
 

@@ -17,7 +17,7 @@ from datasets import payload
 from support import run_avafs, unmount
 
 from avafs.client import Client
-from avafs.processes import wait_for_exit
+from avafs.host.processes import wait_for_exit
 
 MiB = 2**20
 SET_NS = 1_600_000_000_123_456_000

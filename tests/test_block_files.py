@@ -7,8 +7,8 @@ import errno
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+from avafs.objects import BlockId
 from avafs.tiers.block_files import DIRECT_MIN_SIZE, BlockFileWriter
-from avafs.tiers.blocks import BlockId
 from avafs.tiers.disk import DiskTier
 
 MIB = 1024 * 1024

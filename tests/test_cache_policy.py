@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rocksdict import Options, Rdict
 
-from avafs.tiers.blocks import BlockId
+from avafs.objects import BlockId
 from avafs.tiers.disk import DiskTier, allocated
 from avafs.tiers.frequency import FrequencyCache
 

@@ -18,7 +18,7 @@ from support import AVAFS, run_avafs
 
 from adapters.sources import PrefixSource
 from avafs.client import AvafsError, Client
-from avafs.processes import wait_for_exit
+from avafs.host.processes import wait_for_exit
 
 MiB = 2**20
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 from support import AVAFS, TEST_CREDENTIALS, S3Server, free_port, run_avafs
 
-from avafs.processes import wait_for_exit
+from avafs.host.processes import wait_for_exit
 
 
 def one_line_error(result: subprocess.CompletedProcess) -> str:

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from avafs.tiers.blocks import BlockId
+from avafs.objects import BlockId
 from avafs.tiers.disk import DiskTier
 
 MIB = 1024 * 1024

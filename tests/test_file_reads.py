@@ -19,8 +19,8 @@ import pytest
 from datasets import payload
 from support import unmount
 
-from avafs.cache_dir import LOCATIONS_FILE
 from avafs.client import AvafsError, Client
+from avafs.config.cache_dir import LOCATIONS_FILE
 
 KiB = 1024
 

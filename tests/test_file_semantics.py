@@ -14,7 +14,7 @@ from support import unmount
 from test_write_path import store_bytes, store_keys
 
 from avafs.client import Client
-from avafs.processes import wait_for_exit
+from avafs.host.processes import wait_for_exit
 
 MiB = 2**20
 GiB = 2**30

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from avafs.stores.loop_http import LoopHttp, Reply
+from avafs.stores.s3.loop_http import LoopHttp, Reply
 
 BODY = b"sample bytes " * 1000
 

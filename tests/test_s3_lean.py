@@ -18,8 +18,8 @@ from botocore.config import Config
 from support import TEST_CREDENTIALS
 
 from avafs.errors import ObjectChangedError
-from avafs.stores.s3 import S3Store
-from avafs.stores.s3_lean import LeanRequests
+from avafs.stores.s3.lean import LeanRequests
+from avafs.stores.s3.store import S3Store
 
 
 class _Redirecting(http.server.BaseHTTPRequestHandler):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from avafs.config_file import load_config
+from avafs.config.file import load_config
+from avafs.config.options import parse_option
+from avafs.config.sizes import parse_size
 from avafs.errors import AvafsError
-from avafs.options import parse_option
-from avafs.sizes import parse_size
 from csi_driver.errors import CsiError
 from csi_driver.volume_spec import parse_volume_context
 

@@ -12,7 +12,7 @@ from support import unmount
 from test_write_path import store_bytes
 
 from avafs.client import Client
-from avafs.processes import wait_for_exit
+from avafs.host.processes import wait_for_exit
 from avafs.writeback.journal import Journal
 from avafs.writeback.pending import DATA, Pending
 from avafs.writeback.streaming import part_size

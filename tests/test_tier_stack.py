@@ -18,12 +18,12 @@ import trio
 
 from avafs.errors import ObjectChangedError
 from avafs.metrics import Metrics
+from avafs.objects import BlockId, ObjectRef
 from avafs.stores.instrumented import InstrumentedStore
 from avafs.stores.local import LocalStore
-from avafs.tiers.blocks import BlockId
 from avafs.tiers.disk import DiskTier
 from avafs.tiers.ram import RamTier
-from avafs.tiers.stack import WRITE_BEHIND_BLOCKS, ObjectRef, TierStack
+from avafs.tiers.stack import WRITE_BEHIND_BLOCKS, TierStack
 
 BLOCK = 64 * 1024
 BLOCKS = 12

@@ -15,7 +15,7 @@ from datasets import payload, sha256
 from support import run_avafs, unmount
 
 from avafs.client import Client
-from avafs.processes import wait_for_exit
+from avafs.host.processes import wait_for_exit
 
 MiB = 2**20
 

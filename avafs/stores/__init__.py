@@ -24,7 +24,7 @@ def open_store(url: str, endpoint_url: str | None = None, region: str | None = N
         if not parsed.netloc:
             raise AvafsError(f"invalid source {url!r}: expected s3://bucket[/prefix]")
         try:
-            from .s3 import S3Store
+            from .s3.store import S3Store
         except ImportError:
             raise AvafsError("s3:// sources need boto3: pip install 'avafs[s3]'") from None
         return S3Store(parsed.netloc, unquote(parsed.path), endpoint_url, region, max_connections,

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from rocksdict import Options, Rdict, WriteBatch
 
+from ..objects import BlockId
 from .block_files import BlockFileWriter
-from .blocks import BlockId
 from .frequency import FrequencyCache
 from .lru import CappedLRU, TierAccounting
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from .blocks import BlockId
+from ..objects import BlockId
 from .lru import CappedLRU, TierAccounting
 
 

@@ -16,14 +16,12 @@ import contextlib
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 
 import trio
 
 from ..errors import StoreError
 from ..metrics import Metrics
-from ..stores.base import ObjectStore
-from .blocks import BlockId, block_span
+from ..objects import BlockId, ObjectRef, block_span
 from .disk import DiskTier
 from .ram import RamTier
 
@@ -43,20 +41,6 @@ WRITE_BEHIND_THREADS = 2
 """Disk writes of streamed blocks at a time: a block of 1 MiB or more is a direct write (see
 `block_files`) that keeps the device busy for milliseconds and the CPU for little, so two keep
 a disk busy without taking the cores."""
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectRef:
-    """One version of one object, as a reader opened it."""
-
-    source: str
-    store: ObjectStore
-    key: str
-    etag: str
-    size: int
-
-    def block(self, index: int) -> BlockId:
-        return BlockId(self.source, self.key, self.etag, index)
 
 
 class TierStack:

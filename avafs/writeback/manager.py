@@ -36,10 +36,11 @@ from typing import Any
 
 from ..errors import ObjectChangedError, StoreError
 from ..metrics import Metrics
+from ..objects import ObjectRef, parent_prefix
 from ..stores.base import ObjectInfo
 from ..stores.metadata import Attrs
 from ..tiers.disk import DiskTier, allocated
-from ..tiers.stack import ObjectRef, TierStack
+from ..tiers.stack import TierStack
 from .journal import Journal
 from .pending import COPY, DATA, DELETED, Pending
 from .streaming import StreamUploads
@@ -48,11 +49,6 @@ log = logging.getLogger(__name__)
 
 Settled = Callable[[str, str, ObjectInfo | None], None]
 _COPY_IN_CHUNK = 4 * 2**20
-
-
-def parent_prefix(key: str) -> str:
-    stripped = key[:-1] if key.endswith("/") else key
-    return stripped.rpartition("/")[0] + "/" if "/" in stripped else ""
 
 
 class WriteBack:

@@ -10,18 +10,33 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from ..stores.base import MultipartUploads, ObjectInfo, Part
 from ..stores.metadata import Attrs
-
-if TYPE_CHECKING:
-    from ..stores.base import ObjectInfo
-    from .streaming import Stream
 
 DATA = "data"
 DELETED = "deleted"
 COPY = "copy"
+
+
+class Stream:
+    """One file's multipart upload in progress."""
+
+    def __init__(self, uploads: MultipartUploads, source: str, key: str, fd: int,
+                 created: Future[str]) -> None:
+        self.uploads = uploads
+        self.source = source
+        self.key = key
+        self.fd = fd
+        """The data file, read by parts: open, it outlives an unlink or a rename of the file."""
+        self.created = created
+        """The upload id, once the store answered."""
+        self.sent = 0
+        """Bytes handed to parts: a write below this cancels the stream."""
+        self.parts: list[Future[Part]] = []
+        self.cancelled = False
 
 
 @dataclass(eq=False)
@@ -57,7 +72,7 @@ class Pending:
     """Where the writes so far end, while they came front to back (each starting at or before
     the end of the previous ones); None once one skipped ahead or a stream was cancelled."""
     stream: Stream | None = None
-    """The upload of this file in progress while it is written (streaming.py)."""
+    """The upload of this file in progress while it is written (see streaming.py)."""
     stored_generation: int | None = None
     """The generation the store has while the file is still open (--writeback sync uploads at
     every fsync): the entry stays the key's state, as its writer may go on, and settles at its

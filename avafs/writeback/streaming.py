@@ -18,13 +18,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 from ..errors import StoreError
 from ..stores.base import MultipartUploads, ObjectInfo, ObjectStore, Part
 from .journal import Journal
-from .pending import DATA, Pending
+from .pending import DATA, Pending, Stream
 
 log = logging.getLogger(__name__)
 
@@ -44,24 +44,6 @@ def part_size(number: int) -> int:
 
 class StreamCancelled(Exception):
     """The file changed below what was handed to parts; this stream must not complete."""
-
-
-class Stream:
-    """One file's multipart upload in progress."""
-
-    def __init__(self, uploads: MultipartUploads, source: str, key: str, fd: int,
-                 created: Future[str]) -> None:
-        self.uploads = uploads
-        self.source = source
-        self.key = key
-        self.fd = fd
-        """The data file, read by parts: open, it outlives an unlink or a rename of the file."""
-        self.created = created
-        """The upload id, once the store answered."""
-        self.sent = 0
-        """Bytes handed to parts: a write below this cancels the stream."""
-        self.parts: list[Future[Part]] = []
-        self.cancelled = False
 
 
 class StreamUploads:

@@ -1,9 +1,13 @@
-"""What a cached block is called, and which blocks a byte range touches."""
+"""The vocabulary every layer shares: an object version as a reader opened it, what a cached
+block of it is called, which blocks a byte range touches, and the directory a key lives in."""
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import NamedTuple
+
+from .stores.base import ObjectStore
 
 
 class BlockId(NamedTuple):
@@ -32,3 +36,22 @@ def block_span(offset: int, size: int, object_size: int, block_size: int) -> ran
     if end <= offset:
         return range(0)
     return range(offset // block_size, (end - 1) // block_size + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRef:
+    """One version of one object, as a reader opened it."""
+
+    source: str
+    store: ObjectStore
+    key: str
+    etag: str
+    size: int
+
+    def block(self, index: int) -> BlockId:
+        return BlockId(self.source, self.key, self.etag, index)
+
+
+def parent_prefix(key: str) -> str:
+    stripped = key[:-1] if key.endswith("/") else key
+    return stripped.rpartition("/")[0] + "/" if "/" in stripped else ""

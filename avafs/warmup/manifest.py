@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import AvafsError
+from ..errors import AvafsError
 
 LOCATION_FIELDS = ("path", "url")
 URL_SCHEMES = ("s3://", "file://")

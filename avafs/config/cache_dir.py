@@ -17,7 +17,7 @@ import re
 import stat
 from pathlib import Path
 
-from .errors import AvafsError
+from ..errors import AvafsError
 
 LOG_FILE = "avafs.log"
 PID_FILE = "avafs.pid"

@@ -7,14 +7,17 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
-from .log_format import printable
-from .metrics import TIERS
+from ..log_format import printable
+from ..metrics import TIERS, Metrics
 
 if TYPE_CHECKING:
-    from .daemon import Filesystem
-    from .stores.base import ObjectStore
+    from ..config.options import MountOptions
+    from ..stores.base import ObjectStore
+    from ..tiers.stack import TierStack
+    from ..warmup.runner import Prefetcher, WarmupRunner
 
 STATUS_VERSION = 1
 
@@ -31,6 +34,24 @@ class RecentErrors(logging.Handler):
                              "message": printable(record.getMessage())})
 
 
+class StatusSource(Protocol):
+    """What the status document is made of: the daemon's `Filesystem` is one, and this module
+    needs nothing else of it, so it imports no daemon code."""
+
+    options: MountOptions
+    mountpoint: Path
+    pid: int
+    started_at: float
+    metrics: Metrics
+    stack: TierStack
+    stores: dict[str, ObjectStore]
+    warmups: WarmupRunner
+    prefetcher: Prefetcher
+    recent_errors: RecentErrors
+
+    def dirty_status(self) -> dict[str, Any]: ...
+
+
 def _store_health(store: ObjectStore) -> dict[str, Any]:
     since = store.unreachable_since
     return {"url": store.url, "reachable": since is None,
@@ -38,7 +59,7 @@ def _store_health(store: ObjectStore) -> dict[str, Any]:
             "last_error": store.last_error}
 
 
-def build_status(filesystem: Filesystem) -> dict[str, Any]:
+def build_status(filesystem: StatusSource) -> dict[str, Any]:
     metrics = filesystem.metrics
     stack = filesystem.stack
     options = filesystem.options

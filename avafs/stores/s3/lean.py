@@ -33,7 +33,7 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.httpsession import get_cert_path
 
-from .base import ObjectInfo
+from ..base import ObjectInfo
 from .loop_http import LoopHttp
 
 log = logging.getLogger(__name__)

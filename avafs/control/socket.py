@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import AvafsError
+from ..errors import AvafsError
 
 log = logging.getLogger(__name__)
 

@@ -16,15 +16,16 @@ import os
 import time
 from typing import Any
 
-from .cache_dir import DISK_TIER_DIR
-from .control import WithPayload
-from .errors import AvafsError, ObjectChangedError
-from .in_place_watch import InPlaceWatch
-from .location_snapshot import LocationSnapshot
-from .namespace import Namespace
-from .tiers.stack import ObjectRef, TierStack
-from .writeback.manager import WriteBack, parent_prefix
-from .writeback.pending import DATA, Pending
+from ..config.cache_dir import DISK_TIER_DIR
+from ..control.socket import WithPayload
+from ..errors import AvafsError, ObjectChangedError
+from ..namespace import Namespace
+from ..objects import ObjectRef, parent_prefix
+from ..tiers.stack import TierStack
+from ..writeback.manager import WriteBack
+from ..writeback.pending import DATA, Pending
+from .generation import InPlaceWatch
+from .snapshot import LocationSnapshot
 
 MAX_FILE = 64 * 2**20
 """Larger files are left to the mount (EFBIG), where they are read in pieces as they are used."""
@@ -55,7 +56,7 @@ class FileReads:
         and left out of the bytes: a reader on this machine reads them itself, so the daemon's
         share of a warm sample is a lookup, not a copy through its one GIL and the socket.
         Such an answer also says how long it may be kept ("keep_for", seconds) and under
-        which generation ("generation", see `in_place_watch.py`; absent: do not keep it).
+        which generation ("generation", see `generation.py`; absent: do not keep it).
         Answers that may be kept go to the snapshot for other readers too."""
         started = time.monotonic()
         generation, changes = self.watch.generation, self.watch.changes

@@ -27,11 +27,11 @@ import urllib3.exceptions
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
-from ..errors import AvafsError, ObjectChangedError, StoreError
-from . import metadata
-from .base import Listing, MultipartUploads, ObjectInfo, ObjectStore, Part, StoreLimits
-from .metadata import Attrs
-from .s3_lean import Changed, LeanRequests, sends_crc32
+from ...errors import AvafsError, ObjectChangedError, StoreError
+from .. import metadata
+from ..base import Listing, MultipartUploads, ObjectInfo, ObjectStore, Part, StoreLimits
+from ..metadata import Attrs
+from .lean import Changed, LeanRequests, sends_crc32
 
 log = logging.getLogger(__name__)
 

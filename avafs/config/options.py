@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..errors import AvafsError
 from .cache_dir import default_cache_dir
-from .errors import AvafsError
 from .sizes import parse_size
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .log_format import printable
-from .sizes import format_size
+from ..config.sizes import format_size
+from ..log_format import printable
 
 
 def _path(status: dict[str, Any], refused: dict[str, str]) -> str:

@@ -17,11 +17,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from .errors import NEW_OBJECTS_HINT, AvafsError
-from .metrics import Metrics
-from .namespace import Namespace
-from .stores.base import ObjectInfo
-from .tiers.stack import ObjectRef, TierStack
+from ..errors import NEW_OBJECTS_HINT, AvafsError
+from ..metrics import Metrics
+from ..namespace import Namespace
+from ..objects import ObjectRef
+from ..stores.base import ObjectInfo
+from ..tiers.stack import TierStack
 
 log = logging.getLogger(__name__)
 

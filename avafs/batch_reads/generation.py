@@ -1,4 +1,4 @@
-"""The daemon's side of readers that remember where files' blocks are (`known_locations.py`).
+"""The daemon's side of readers that remember where files' blocks are (`reader_table.py`).
 
 A reader told that a file is in a given block file may read that block file again without
 asking, for as long as asking would give the same answer. The answer changes when a pending
@@ -20,9 +20,9 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from .cache_dir import GENERATION_FILE
-from .known_locations import CLOSED, GENERATION
-from .writeback.manager import parent_prefix
+from ..config.cache_dir import GENERATION_FILE
+from ..objects import parent_prefix
+from .reader_table import CLOSED, GENERATION
 
 
 class InPlaceWatch:

@@ -16,7 +16,7 @@ from typing import Any
 
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 
-from .sizes import format_size
+from ..config.sizes import format_size
 
 
 class _Display:

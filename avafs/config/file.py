@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from .errors import AvafsError
+from ..errors import AvafsError
 from .options import OPTIONS_BY_NAME, parse_option
 
 
