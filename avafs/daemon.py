@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from pathlib import Path
 from typing import Any
 
@@ -185,12 +185,17 @@ class Filesystem:
         return self.writeback.flush(progress, selects, request.get("limit"))
 
     def _refresh(self, request: dict, progress: Progress) -> dict:
-        """Forgets cached listings and attributes under a path, the kernel's included."""
+        """Forgets cached listings and attributes under a path, the kernel's included.
+
+        The kernel's entries are invalidated before the answer goes back, so a read right after
+        `avafs refresh` finds what is new. Waiting is safe here: this runs on a control-socket
+        thread, not in a FUSE request, and holds no lock a FUSE request takes."""
         import pyfuse3
 
         entries = self.namespace.refresh(request["path"])
         for parent, name in entries:
-            pyfuse3.invalidate_entry_async(parent, os.fsencode(name), ignore_enoent=True)
+            with suppress(FileNotFoundError):
+                pyfuse3.invalidate_entry(parent, os.fsencode(name))
         return {"entries": len(entries)}
 
     def _warmup(self, request: dict, progress: Progress) -> dict:
