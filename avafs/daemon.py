@@ -107,7 +107,7 @@ class Filesystem:
                         options.high_watermark, options.low_watermark, options.cache_policy,
                         KEEP_LOCATIONS_FOR)
         self.stack = TierStack(ram, disk, options.block_size, options.inflight_memory,
-                               self.metrics)
+                               self.metrics, options.read_ahead)
         self.writeback: WriteBack | None = None
         self.uploader: Uploader | None = None
         if not options.read_only:

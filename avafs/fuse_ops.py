@@ -1,9 +1,10 @@
 """FUSE operations: translate kernel requests to namespace and tier calls, and nothing else.
 
-Anything that may block (a LIST, a HEAD, a block load) runs in a worker thread; answers that are
-already in memory (fresh listings, RAM-resident blocks) are given inline, because a thread hop
-costs more than the answer. The one GET of a small file missing from both tiers is awaited on
-this loop where the store can send it there (`TierStack.fetch_small`). The kernel's own caches
+Anything that may block (a LIST, a HEAD) runs in a worker thread; answers that are already in
+memory (fresh listings) are given inline, because a thread hop costs more than the answer.
+Reads of clean data go to `TierStack.read_async`, which makes the same choice for blocks and
+keeps each open file's read-ahead; the handlers here share one budget of worker threads with
+it (`_limiter`). The kernel's own caches
 are used on purpose: entry and attribute timeouts follow `--metadata-ttl`, negative lookups are
 cached as well, and `keep_cache` is set when a file is reopened at an unchanged ETag, so warm
 re-reads come from the page cache.
@@ -32,9 +33,10 @@ import trio
 from .config.options import MountOptions
 from .errors import ObjectChangedError, StoreError
 from .namespace import NAME_MAX, ROOT_INODE, Entry, Namespace, Node, valid_name
-from .objects import ObjectRef, block_span
+from .objects import ObjectRef
 from .stores.base import ObjectInfo
 from .stores.metadata import Attrs
+from .tiers.readahead import ReadAhead
 from .tiers.stack import TierStack
 from .writeback.pending import DATA, Pending
 
@@ -45,7 +47,6 @@ _KERNEL_TIMEOUT_CAP = 365 * 86400.0
 _XATTR_PREFIX = b"user.avafs."
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 _ENOSPC_AFTER = 30.0
-_MAX_READ_AHEAD_WINDOW = 64
 
 
 @dataclass(slots=True)
@@ -58,12 +59,8 @@ class OpenFile:
     fd: int = -1
     pending: Pending | None = None
     writable: bool = False
-    next_block: int = 0
-    """Block a sequential reader will ask for next; a read that starts there is sequential."""
-    frontier: int = 0
-    """Blocks before this one are cached or being fetched for this reader."""
-    window: int = 0
-    """Blocks the next read-ahead stream asks for; doubles while the reader stays sequential."""
+    read_ahead: ReadAhead | None = None
+    """The tier stack's read-ahead state for this reader of `ref`."""
 
 
 @dataclass(slots=True)
@@ -214,14 +211,13 @@ class AvafsOperations(pyfuse3.Operations):
             self.namespace.forget(inode, count)
 
     async def statfs(self, ctx=None) -> pyfuse3.StatvfsData:
-        disk = self.stack.disk
+        space = self.stack.space(self.writeback.dirty_bytes if self.writeback else 0)
         data = pyfuse3.StatvfsData()
         data.f_bsize = data.f_frsize = 4096
-        data.f_blocks = disk.capacity // 4096
-        dirty = self.writeback.dirty_bytes if self.writeback else 0
-        data.f_bfree = data.f_bavail = max(0, disk.capacity - disk.used - dirty) // 4096
-        data.f_files = self.options.disk_cache_files
-        data.f_ffree = data.f_favail = max(0, self.options.disk_cache_files - len(disk))
+        data.f_blocks = space.total_bytes // 4096
+        data.f_bfree = data.f_bavail = space.free_bytes // 4096
+        data.f_files = space.total_files
+        data.f_ffree = data.f_favail = space.free_files
         data.f_namemax = 255
         return data
 
@@ -287,8 +283,8 @@ class AvafsOperations(pyfuse3.Operations):
         ref = await self._current_ref(node)
         keep_cache = node.kernel_cached_etag == ref.etag
         node.kernel_cached_etag = ref.etag
-        return pyfuse3.FileInfo(fh=self._register(OpenFile(inode, ref=ref)),
-                                keep_cache=keep_cache)
+        handle = OpenFile(inode, ref=ref, read_ahead=self.stack.new_read_ahead())
+        return pyfuse3.FileInfo(fh=self._register(handle), keep_cache=keep_cache)
 
     async def _current_ref(self, node: Node) -> ObjectRef:
         """What reading the file means now: its clean version, revalidated after the TTL, or
@@ -373,53 +369,13 @@ class AvafsOperations(pyfuse3.Operations):
         # renamed from, which the rename deletes once the copy has landed: the copy is the
         # same bytes.
         handle.ref = await self._current_ref(node)
-        handle.next_block = handle.frontier = handle.window = 0
+        handle.read_ahead = self.stack.new_read_ahead()
         return await self._read_version(handle, off, size)
 
     async def _read_version(self, handle: OpenFile, off: int, size: int) -> bytes:
-        ref = handle.ref
-        data = self.stack.read_small(ref, off, size)
-        if data is None and self.stack.is_small(ref):
-            with _as_fuse_error():
-                data = await self.stack.fetch_small(ref, off, size)
-        if data is not None:
-            return data
-        if ref.size > self.stack.block_size:  # a one-block file is loaded by `stack.read`
-            self._read_ahead(handle, off, size)
-        data = self.stack.read_from_ram(ref, off, size)
-        if data is None:
-            data = await self._blocking(self.stack.read, ref, off, size)
-        return data
-
-    def _read_ahead(self, handle: OpenFile, off: int, size: int) -> None:
-        """Sequential readers get streams of blocks ahead of them, started before the read
-        that needs the first of them, so even a file's first block comes with its successors
-        in one request. Random readers fetch only the blocks they touch.
-
-        A file's tail no longer than the window joins the stream instead of being a second
-        one: a 64 MiB file is then one GET, not two. moto pays a whole object for any range,
-        so by hand (4 x 64 MiB, one reader, 5 rounds in turn) its CPU fell from 0.6 to 0.25 s
-        and cold reads rose from 281 to 334 MiB/s."""
-        span = block_span(off, size, handle.ref.size, self.stack.block_size)
-        if not span:
-            return
-        # The kernel's own read-ahead sends several READs at once, which may arrive out of
-        # order: a read inside what is already streaming is still sequential.
-        sequential = handle.next_block - 1 <= span.start <= max(handle.next_block,
-                                                                 handle.frontier)
-        handle.next_block = max(handle.next_block, span.stop) if sequential else span.stop
-        read_ahead = self.options.read_ahead
-        if not sequential or not read_ahead or handle.frontier - span.stop >= read_ahead:
-            return
-        first = max(handle.frontier, span.start)
-        window = handle.window or read_ahead
-        tail = self.stack.block_count(handle.ref) - first - window
-        if 0 < tail <= window:
-            window = min(window + tail, _MAX_READ_AHEAD_WINDOW)
-        frontier = self.stack.stream(handle.ref, first, window)
-        if frontier > first:
-            handle.window = min(window * 2, _MAX_READ_AHEAD_WINDOW)
-        handle.frontier = max(handle.frontier, frontier)
+        with _as_fuse_error():
+            return await self.stack.read_async(handle.ref, off, size, handle.read_ahead,
+                                               self._limiter)
 
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         handle = self._open[fh]

@@ -30,7 +30,7 @@ BLOCKS = 12
 
 
 def _stack_over(disk: DiskTier) -> TierStack:
-    return TierStack(RamTier(64 * BLOCK, 1000, 0.9, 0.7), disk, BLOCK, 32 * BLOCK, Metrics())
+    return TierStack(RamTier(64 * BLOCK, 1000, 0.9, 0.7), disk, BLOCK, 32 * BLOCK, Metrics(), 8)
 
 
 def _disk(root, tier_class: type[DiskTier] = DiskTier) -> DiskTier:
@@ -56,6 +56,23 @@ def ref(tmp_path, stack) -> ObjectRef:
 
 def _gets(stack: TierStack) -> float:
     return stack.metrics.value(stack.metrics.store_requests, "get")
+
+
+def _read_on_loop(stack: TierStack, ref: ObjectRef, offset: int, size: int) -> bytes:
+    """`read_async` as the FUSE loop calls it, with a fresh read-ahead state."""
+    return trio.run(lambda: stack.read_async(ref, offset, size, stack.new_read_ahead(),
+                                             trio.CapacityLimiter(1)))
+
+
+def _read_inline(stack: TierStack, ref: ObjectRef, offset: int, size: int) -> bytes:
+    """`read_async` with no worker thread to be had: a read that needed one fails."""
+    async def read() -> bytes:
+        limiter = trio.CapacityLimiter(1)
+        limiter.acquire_on_behalf_of_nowait(object())
+        with trio.fail_after(5):
+            return await stack.read_async(ref, offset, size, stack.new_read_ahead(), limiter)
+
+    return trio.run(read)
 
 
 def _wait_in_ram(stack: TierStack, ref: ObjectRef) -> None:
@@ -160,11 +177,10 @@ def test_small_objects_are_read_from_disk_in_the_callers_thread(tmp_path, stack)
     store = InstrumentedStore(LocalStore(bucket), stack.metrics)
     info = store.head("small")
     small = ObjectRef(store.url, store, "small", info.etag, info.size)
-    assert stack.read_small(small, 0, 100) is None  # in no tier: never waits for the store
     stack.load(small, 0, to_ram=False)
     gets = _gets(stack)
 
-    assert stack.read_small(small, 100, 50) == data[100:150]
+    assert _read_inline(stack, small, 100, 50) == data[100:150]
     assert stack.is_cached(small, 0, "ram")
     assert stack.metrics.value(stack.metrics.hits, "disk") == 1
     assert _gets(stack) == gets
@@ -254,7 +270,8 @@ async def _loop_and_thread_reads(stack: TierStack, small: ObjectRef) -> dict[str
             results[name] = error
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(read, "loop", lambda: stack.fetch_small(small, 0, 100))
+        nursery.start_soon(read, "loop", lambda: stack.read_async(
+            small, 0, 100, stack.new_read_ahead(), trio.CapacityLimiter(1)))
         while not store.loop_gets:
             await trio.sleep(0.01)
         nursery.start_soon(read, "thread",
@@ -272,7 +289,7 @@ def test_a_cold_small_read_on_the_loop_is_shared_with_a_reader_in_a_thread(tmp_p
     assert results == {"loop": data[:100], "thread": data[200:500]}
     assert small.store.loop_gets == 1
     assert stack.is_cached(small, 0, "ram") and small.block(0) in stack.disk
-    assert stack.read_small(small, 0, 10) == data[:10]
+    assert _read_inline(stack, small, 0, 10) == data[:10]
 
 
 def test_a_failed_loop_fetch_fails_every_waiting_reader_and_leaves_nothing_behind(tmp_path,
@@ -293,13 +310,24 @@ def test_a_failed_loop_fetch_fails_every_waiting_reader_and_leaves_nothing_behin
 def test_a_store_without_a_loop_client_is_read_in_a_thread(tmp_path, stack):
     small, data = _small_object(tmp_path, LocalStore)
 
-    assert trio.run(stack.fetch_small, small, 5, 20) == data[5:25]
+    assert _read_on_loop(stack, small, 5, 20) == data[5:25]
     assert stack.is_cached(small, 0, "ram")
-    assert trio.run(stack.fetch_small, small, 0, 10) is None, "cached: `read_small` serves it"
+    assert _read_inline(stack, small, 0, 10) == data[:10], "cached: served on the loop"
 
 
-def test_objects_of_more_than_one_small_block_are_left_to_read(tmp_path, stack):
-    large, _ = _small_object(tmp_path, _LoopStore, size=BLOCK + 1)
+class _ThreadStore(_LoopStore):
+    """Fails a read on the trio loop; serves reads in worker threads."""
 
-    assert trio.run(stack.fetch_small, large, 0, 10) is None
-    assert large.store.loop_gets == 0
+    async def get_range_on_loop(self, key: str, start: int, length: int,
+                                etag: str) -> bytes | None:
+        raise AssertionError("fetched on the loop")
+
+    def get_range(self, key: str, start: int, length: int, etag: str) -> bytes:
+        return LocalStore.get_range(self, key, start, length, etag)
+
+
+def test_objects_of_more_than_one_small_block_are_read_in_a_thread(tmp_path, stack):
+    large, data = _small_object(tmp_path, _ThreadStore, size=BLOCK + 1)
+
+    assert _read_on_loop(stack, large, 0, 10) == data[:10]
+    assert _read_on_loop(stack, large, BLOCK - 5, 6) == data[BLOCK - 5:]

@@ -37,6 +37,9 @@ mount: each ask touches the block in the disk tier's LRU, so blocks in use stay 
 Plan = ObjectRef | Pending | OSError
 """Where a file's bytes are: a version in the tiers, a local file not yet uploaded, or an error."""
 
+Read = bytes | Pending | OSError | AvafsError
+"""A file's bytes, read or still to read (a local file not yet uploaded), or why it cannot be."""
+
 
 class FileReads:
     def __init__(self, namespace: Namespace, stack: TierStack, writeback: WriteBack | None,
@@ -62,8 +65,8 @@ class FileReads:
         generation, changes = self.watch.generation, self.watch.changes
         listings: dict = {}
         directories: set[tuple[str, str]] = set()
-        plans: list[bytes | Plan] = [self._plan(path, listings, directories)
-                                     for path in request["paths"]]
+        plans: list[Plan | Read] = [self._plan(path, listings, directories)
+                                    for path in request["paths"]]
         files: dict[str, tuple[str, int]] = {}
         if request.get("in_place"):
             refs = [(index, plan) for index, plan in enumerate(plans)
@@ -73,15 +76,16 @@ class FileReads:
                 if path is not None:
                     files[str(index)] = (f"{DISK_TIER_DIR}/{path}", ref.size)
                     plans[index] = b""
-        plans = [self._from_ram(plan) for plan in plans]
-        for plan in plans:
-            if isinstance(plan, ObjectRef):
-                self.stack.stream(plan, 0, self.stack.block_count(plan))
+        refs = [(index, plan) for index, plan in enumerate(plans)
+                if isinstance(plan, ObjectRef)]
+        for (index, _), read in zip(refs, self.stack.read_whole([ref for _, ref in refs]),
+                                    strict=True):
+            plans[index] = read
         payload: list[bytes] = []
         errors: dict[str, tuple[int, str]] = {}
         for index, plan in enumerate(plans):
             try:
-                payload.append(plan if isinstance(plan, bytes) else self._read(plan))
+                payload.append(self._read(plan))
             except OSError as error:
                 payload.append(b"")
                 errors[str(index)] = (error.errno or errno.EIO, error.strerror or str(error))
@@ -125,25 +129,16 @@ class FileReads:
             return OSError(errno.EFBIG, f"larger than {MAX_FILE} bytes: open it")
         return plan
 
-    def _from_ram(self, plan: Plan) -> bytes | Plan:
-        """A warm file's bytes at once; anything else is left to load (and stream) first."""
-        if not isinstance(plan, ObjectRef):
-            return plan
-        if plan.size == 0:
-            return b""
-        return self.stack.read_from_ram(plan, 0, plan.size) or plan
-
-    def _read(self, plan: Plan) -> bytes:
-        if isinstance(plan, OSError):
-            raise plan
-        if isinstance(plan, Pending):
-            return self._read_local(plan)
-        try:
-            return self.stack.read(plan, 0, plan.size)
-        except ObjectChangedError as error:
-            raise OSError(errno.ESTALE, str(error)) from None
-        except AvafsError as error:
-            raise OSError(errno.EIO, str(error)) from None
+    def _read(self, read: Read) -> bytes:
+        if isinstance(read, bytes):
+            return read
+        if isinstance(read, OSError):
+            raise read
+        if isinstance(read, ObjectChangedError):
+            raise OSError(errno.ESTALE, str(read))
+        if isinstance(read, AvafsError):
+            raise OSError(errno.EIO, str(read))
+        return self._read_local(read)
 
     def _read_local(self, state: Pending) -> bytes:
         """A file written and not yet uploaded: its local data file, held open against an

@@ -1,12 +1,17 @@
 """TierStack: RAM tier -> disk tier -> store, for reads of byte ranges of object versions.
 
+Readers on the FUSE loop come in through `read_async`, which picks the cheapest way to answer
+(inline from RAM or, for a small object, the disk tier; a small object's one GET on the loop;
+else a worker thread) and drives the open file's read-ahead (`readahead.py`). Readers already
+in a thread call `read`, or `read_whole` for a batch of whole objects.
+
 Every block being loaded has one future in `_loading`, whether a reader, a warmup or a
 read-ahead stream started it, so concurrent readers of a block share one GET, and the global
 in-flight budget (`--inflight-memory`) bounds every fetch, read-ahead included (Mountpoint's
 prefetcher is known to OOM). The disk write of a fetched block happens after waiting readers
 have their data, so it never adds to their latency; only a read of a single missing block,
 which loads it in the reader's own thread or on the FUSE loop, waits for that write too (see
-`read` and `fetch_small`). A stream hands its blocks' disk writes to writer threads and goes
+`read` and `_fetch_small`). A stream hands its blocks' disk writes to writer threads and goes
 on reading its response (see `_write_behind`).
 """
 
@@ -16,14 +21,16 @@ import contextlib
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple
 
 import trio
 
-from ..errors import StoreError
+from ..errors import AvafsError, StoreError
 from ..metrics import Metrics
 from ..objects import BlockId, ObjectRef, block_span
 from .disk import DiskTier
 from .ram import RamTier
+from .readahead import ReadAhead
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +50,24 @@ WRITE_BEHIND_THREADS = 2
 a disk busy without taking the cores."""
 
 
+class Space(NamedTuple):
+    """What the mount can hold, as `statfs` reports it: the disk tier's bytes and files."""
+
+    total_bytes: int
+    free_bytes: int
+    total_files: int
+    free_files: int
+
+
 class TierStack:
     def __init__(self, ram: RamTier, disk: DiskTier, block_size: int, inflight_memory: int,
-                 metrics: Metrics) -> None:
+                 metrics: Metrics, read_ahead: int) -> None:
+        """`read_ahead`: blocks the first read-ahead stream of an open file asks for."""
         self.ram = ram
         self.disk = disk
         self.block_size = block_size
         self.metrics = metrics
+        self._read_ahead = read_ahead
         slots = max(1, inflight_memory // block_size)
         self._slots = threading.BoundedSemaphore(slots)
         self._executor = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="avafs-fetch")
@@ -67,7 +85,67 @@ class TierStack:
     def block_count(self, ref: ObjectRef) -> int:
         return -(-ref.size // self.block_size)
 
-    def read_from_ram(self, ref: ObjectRef, offset: int, size: int) -> bytes | None:
+    def space(self, dirty_bytes: int) -> Space:
+        """The disk tier's capacity and what is free of it, `dirty_bytes` (written data not
+        yet uploaded, kept in the same cache dir) counted as used."""
+        free = max(0, self.disk.capacity - self.disk.used - dirty_bytes)
+        files = self.disk.capacity_files
+        return Space(self.disk.capacity, free, files, max(0, files - len(self.disk)))
+
+    def new_read_ahead(self) -> ReadAhead:
+        """The read-ahead state of a newly opened file (or a reopened version of one)."""
+        return ReadAhead(self._read_ahead)
+
+    async def read_async(self, ref: ObjectRef, offset: int, size: int, read_ahead: ReadAhead,
+                         limiter: trio.CapacityLimiter) -> bytes:
+        """The bytes of [offset, offset+size), for a reader on a trio loop (the FUSE request
+        loop) that keeps `read_ahead` per open file. The cheapest way that can answer is
+        taken, in this order:
+
+        1. an object of one small block (INLINE_DISK_READ) in RAM or the disk tier: read
+           here, on the loop;
+        2. such an object in neither tier: its one GET on the loop (`_fetch_small`);
+        3. a larger object first takes its reader's read-ahead into account, which may start
+           a stream (never blocks); then every block in RAM: sliced here, on the loop;
+        4. anything else: `read` in a worker thread, bounded by the caller's `limiter`
+           (its budget of threads for every request that may block).
+
+        A thread hop costs more than an answer already in memory, so 1 and 3 take none."""
+        data = self._read_small(ref, offset, size)
+        if data is None and self._is_small(ref):
+            data = await self._fetch_small(ref, offset, size)
+        if data is not None:
+            return data
+        if ref.size > self.block_size:  # a one-block object is loaded by `read`
+            span = block_span(offset, size, ref.size, self.block_size)
+            wanted = read_ahead.next_stream(span, self.block_count(ref)) if span else None
+            if wanted is not None:
+                read_ahead.streamed(wanted, self.stream(ref, wanted.start, len(wanted)))
+        data = self._read_from_ram(ref, offset, size)
+        if data is None:
+            data = await trio.to_thread.run_sync(self.read, ref, offset, size, limiter=limiter)
+        return data
+
+    def read_whole(self, refs: list[ObjectRef]) -> list[bytes | AvafsError | OSError]:
+        """Each object's bytes, or the error (the store's or the disk's) reading it gave, for
+        a batch of whole-file readers in one thread (blocks the caller). Objects all in RAM
+        are taken first, before the loads of the others can evict them; every other object
+        then starts streaming at once, so the batch waits for its slowest object, not for
+        the sum of them."""
+        results: list[bytes | AvafsError | OSError | None] = [
+            self._read_from_ram(ref, 0, ref.size) if ref.size else b"" for ref in refs]
+        for ref, result in zip(refs, results, strict=True):
+            if result is None:
+                self.stream(ref, 0, self.block_count(ref))
+        for position, ref in enumerate(refs):
+            if results[position] is None:
+                try:
+                    results[position] = self.read(ref, 0, ref.size)
+                except (AvafsError, OSError) as error:
+                    results[position] = error
+        return results
+
+    def _read_from_ram(self, ref: ObjectRef, offset: int, size: int) -> bytes | None:
         """The bytes if every block is in RAM, without blocking; else None."""
         parts = []
         for index in block_span(offset, size, ref.size, self.block_size):
@@ -80,16 +158,16 @@ class TierStack:
         self.metrics.served_from["ram"].inc(len(result))
         return result
 
-    def is_small(self, ref: ObjectRef) -> bool:
+    def _is_small(self, ref: ObjectRef) -> bool:
         """One block, small enough to read or write on the FUSE loop (INLINE_DISK_READ)."""
         return ref.size <= min(INLINE_DISK_READ, self.block_size)
 
-    def read_small(self, ref: ObjectRef, offset: int, size: int) -> bytes | None:
+    def _read_small(self, ref: ObjectRef, offset: int, size: int) -> bytes | None:
         """The bytes of an object of one small block, from RAM or straight from the disk
         tier; None if it is larger, loading, or in neither tier (never waits for the store)."""
-        if not self.is_small(ref):
+        if not self._is_small(ref):
             return None
-        data = self.read_from_ram(ref, offset, size)
+        data = self._read_from_ram(ref, offset, size)
         if data is not None:
             return data
         block = ref.block(0)
@@ -103,14 +181,14 @@ class TierStack:
         self._admit_to_ram(block, data)
         return self._slice([data], offset, size, ref)
 
-    async def fetch_small(self, ref: ObjectRef, offset: int, size: int) -> bytes | None:
-        """The bytes of a one-block object that neither tier holds (`read_small` said None),
+    async def _fetch_small(self, ref: ObjectRef, offset: int, size: int) -> bytes | None:
+        """The bytes of a one-block object that neither tier holds (`_read_small` said None),
         fetched from the store on the caller's trio loop, then cached like any load. None
         when the block got cached or began loading meanwhile, or no fetch slot is free: then
         `read`, in a thread, waits for it. The block stays small (INLINE_DISK_READ) because
         its disk write happens on the loop too. A store with no loop client gets the GET in
         a thread here, the same hop `read` would make."""
-        if not self.is_small(ref):
+        if not self._is_small(ref):
             return None
         block = ref.block(0)
         if not self._slots.acquire(blocking=False):
