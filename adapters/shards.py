@@ -97,8 +97,8 @@ def file_sample(item: Item, data: bytes) -> Sample:
 def read_file_samples(items: Sequence[Item], client: Client | None,
                       before_batch: Callable[[int], None] | None = None) -> Iterator[Sample]:
     """One-file samples in order: through the mount's daemon, a batch per request, when its
-    control socket is reachable (FUSE costs four round trips per file, which caps a mount
-    near 10k small files a second); else, as in a pod that sees the mount but not the
+    control socket is reachable (FUSE costs four round trips per file, which caps the small
+    files a second a mount serves); else, as in a pod that sees the mount but not the
     daemon's socket, file by file. `before_batch(last)` is told the position of a batch's
     last item before the batch is read (prefetch hints then cover what follows it)."""
     for start in range(0, len(items), FILE_BATCH):

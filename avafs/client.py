@@ -173,7 +173,7 @@ class Client:
         for the first file that fails; files too large for one answer are read through the
         mount.
 
-        Files the daemon's disk tier holds are read here, in place, from the cache dir (Alluxio's
+        Files the daemon's disk tier holds are read here, in place, from the cache dir (a
         short-circuit read): the daemon only looks them up, and this process remembers where
         they were for as long as the daemon allows (`reader_table.py`), so reading them again
         needs no request; nor does a file the daemon told another reader about, through its

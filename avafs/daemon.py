@@ -81,7 +81,8 @@ def lock_cache_dir(cache_dir: Path, exits: ExitStack) -> None:
 
 
 class Filesystem:
-    """The data path of one mount, top to bottom (DESIGN.md), and its control plane."""
+    """The data path of one mount, top to bottom (docs/ARCHITECTURE.md, "Layers"), and its control
+    plane."""
 
     def __init__(self, options: MountOptions, mountpoint: Path) -> None:
         self.options = options
@@ -292,8 +293,8 @@ def widen_kernel_read_ahead(mountpoint: Path, size: int) -> None:
 
     A FUSE mount's read-ahead is 128 KiB, so a sequential reader arrives as 128 KiB READ
     requests, each a round trip through Python; with a block's worth of read-ahead the kernel
-    sends libfuse's largest READs (1 MiB) and keeps several in flight, which doubled reads from
-    the RAM tier (bench/probes.py read-size: 1.8 -> 4.0 GB/s). Only after the FUSE INIT
+    sends libfuse's largest READs (1 MiB) and keeps several in flight: fewer round trips for
+    the same bytes (`bench/probes.py read-size` measures it). Only after the FUSE INIT
     exchange: its reply caps the knob at what the kernel offered in the request (128 KiB).
     Writing the knob needs root; elsewhere the kernel's default stays."""
     entry = mount_at(mountpoint)

@@ -1,9 +1,9 @@
 """Whole-file reads in batches over the control socket, for readers of many small files.
 
 Why: through FUSE every file costs a lookup, an open, a read, a flush and a release, each a
-round trip through the kernel and pyfuse3's request loop; that caps a mount near 10k small
-files a second whatever the reader does (`bench/probes.py pyfuse3-ceiling`: a pyfuse3 file
-system serving 16 KiB files from memory, 8.7-11.3k here; local disk serves 17k and more).
+round trip through the kernel and pyfuse3's request loop; that caps the small files a second
+a mount serves whatever the reader does, below what local disk serves
+(`bench/probes.py pyfuse3-ceiling` measures the cap, see BENCHMARKS.md).
 The training adapters read one-file samples here instead, one request per batch. The answer
 is what reading each file through the mount gives: the same namespace and pending writes,
 the same tiers and counters.

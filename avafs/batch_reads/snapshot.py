@@ -30,8 +30,8 @@ WRITE_EVERY = 0.2
 """Least seconds between rewrites while new answers come in: a cold epoch of tiny samples asks
 for thousands of files a second."""
 WRITING_SHARE = 0.05
-"""Most of the daemon's time that rewrites may take (one holds the GIL for about 3 ms per
-16,000 entries): after a rewrite that took t seconds, the next waits t / WRITING_SHARE."""
+"""Most of the daemon's time that rewrites may take (one holds the GIL while it marshals
+every entry): after a rewrite that took t seconds, the next waits t / WRITING_SHARE."""
 MAX_ENTRIES = 100_000
 """About 40 MB of the daemon's memory and a 10 MB file when full; readers ask for the files
 beyond it as before."""

@@ -1,8 +1,8 @@
 """Mount options: one table that drives the CLI flags, the YAML config keys and validation.
 
-Flags and config keys are a public interface (DESIGN.md): a config key is a flag's long name
-with dashes as underscores. Keeping both generated from `MOUNT_OPTIONS` means they can never
-drift apart, and every value is validated by the same parser whichever way it arrived.
+Flags and config keys are a public interface (README.md, "Mounting"): a config key is a flag's
+long name with dashes as underscores. Keeping both generated from `MOUNT_OPTIONS` means they can
+never drift apart, and every value is validated by the same parser whichever way it arrived.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """Warmup and flush progress for people: a bar on a terminal, plain periodic lines in logs.
 
-Peers' warmups show nothing for hours (Fluid, Alluxio reports); ours always says how far it got.
-Both modes print the same words, built here from the daemon's progress documents: files as a
-count, bytes in powers of 1024 (`format_size`), and the phase the daemon is in. The bar's
-percentage is of the bytes the warmup plans to load, and it is drawn at 100% once the warmup
-is done (the last progress line can predate the last loaded block); in plain mode the summary
-line says the end.
+A warmup can run for hours, so it always says how far it got. Both modes print the same words,
+built here from the daemon's progress documents: files as a count, bytes in powers of 1024
+(`format_size`), and the phase the daemon is in. The bar's percentage is of the bytes the warmup
+plans to load, and it is drawn at 100% once the warmup is done (the last progress line can
+predate the last loaded block); in plain mode the summary line says the end.
 """
 
 from __future__ import annotations

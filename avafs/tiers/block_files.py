@@ -1,16 +1,15 @@
 """Writing the disk tier's block files without filling the page cache with them.
 
 A cold read of a large file writes every block to the disk tier once, and through the page
-cache that write lands in memory the kernel has to find for it. On the 2-core VMs we measure on,
-that is the daemon's largest cost: 54% of its CPU during cold large reads went to
-`copy_folio_from_iter_atomic`, 8-10 ms per 4 MiB block (a copy into memory nobody touched
-lately costs about as much: 3-4.5 ms per 4 MiB). Written with O_DIRECT from a buffer that is
-reused, the same block costs about 0.5 ms of CPU, and the kernel keeps no second copy of bytes
-the RAM tier already holds. Readers of the block file read it from the device the first time.
+cache that write is a copy into memory the kernel has to find for it, which can be the
+daemon's largest cost during cold reads (BENCHMARKS.md, "A property of this machine's
+memory"). Written with O_DIRECT from a buffer that is reused, the same block costs a fraction
+of that CPU, and the kernel keeps no second copy of bytes the RAM tier already holds. Readers
+of the block file read it from the device the first time.
 
-Small blocks are written through the page cache: for them creating the file dominates (about
-0.3 ms either way for 100 KiB) and a direct write would only add the device's latency to the
-caller, which may be the FUSE loop. File systems that refuse O_DIRECT (tmpfs before Linux
+Small blocks are written through the page cache: for them creating the file dominates either
+way, and a direct write would only add the device's latency to the caller, which may be the
+FUSE loop. File systems that refuse O_DIRECT (tmpfs before Linux
 6.6, for one) get buffered writes too.
 """
 

@@ -1,13 +1,12 @@
 """The disk tier: one file per block under the cache dir, indexed in rocksdict.
 
-It survives unmount and crashes (users of gcsfuse and Mountpoint lose their caches on every
-remount). A block file is written to a temporary name and renamed into place before it is
-indexed, and the index records its size and CRC32, so a block torn by a crash is detected and
-dropped instead of served. Which clean blocks stay when the tier is full is its policy's
-choice: least recently used (`lru.py`) or, for datasets larger than the tier, least read with
-admission control (`frequency.py`). Files the index does not know (a crash between rename and index
-write) take disk space no cap accounts for; a background sweep at start removes them, sparing
-the blocks the mount writes meanwhile.
+It survives unmount and crashes, so a remount starts warm. A block file is written to a
+temporary name and renamed into place before it is indexed, and the index records its size and
+CRC32, so a block torn by a crash is detected and dropped instead of served. Which clean blocks
+stay when the tier is full is its policy's choice: least recently used (`lru.py`) or, for
+datasets larger than the tier, least read with admission control (`frequency.py`). Files the
+index does not know (a crash between rename and index write) take disk space no cap accounts
+for; a background sweep at start removes them, sparing the blocks the mount writes meanwhile.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Least-recently-used accounting with a hard cap and watermarks, shared by both tiers.
 
-Peers' caches overrun their limits (rclone, JuiceFS, Mountpoint, s3fs all have reports), so
-the cap here is enforced on insert, synchronously, in bytes and in entries; the watermarks
+A cache that lets background eviction keep up overruns its limit whenever inserts come faster,
+so the cap here is enforced on insert, synchronously, in bytes and in entries; the watermarks
 only decide when background eviction starts and where it stops, to keep inserts cheap.
 Pinned entries (dirty data, blocks being read) are never chosen for eviction.
 """

@@ -17,8 +17,8 @@ Invariants:
 - `window` starts at `initial_window` and doubles, up to `MAX_WINDOW`, after each stream that
   got at least one block going; a stream that got none (no fetch slot free) leaves it as is.
 - A file's tail no longer than the window joins the stream instead of being a second one: a
-  64 MiB file is then one GET, not two (some servers, moto among them, pay for the whole object
-  on every ranged GET).
+  file is then one GET, not two, which saves a request's latency and, on servers that read the
+  whole object for any range, a second read of the object.
 """
 
 from __future__ import annotations

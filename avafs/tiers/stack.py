@@ -7,8 +7,8 @@ in a thread call `read`, or `read_whole` for a batch of whole objects.
 
 Every block being loaded has one future in `_loading`, whether a reader, a warmup or a
 read-ahead stream started it, so concurrent readers of a block share one GET, and the global
-in-flight budget (`--inflight-memory`) bounds every fetch, read-ahead included (Mountpoint's
-prefetcher is known to OOM). The disk write of a fetched block happens after waiting readers
+in-flight budget (`--inflight-memory`) bounds every fetch, read-ahead included, whatever the
+number of readers. The disk write of a fetched block happens after waiting readers
 have their data, so it never adds to their latency; only a read of a single missing block,
 which loads it in the reader's own thread or on the FUSE loop, waits for that write too (see
 `read` and `_fetch_small`). A stream hands its blocks' disk writes to writer threads and goes
@@ -236,8 +236,8 @@ class TierStack:
 
         A read that misses a single block (a small file, a random read) loads it in this
         thread instead of handing it to the fetch pool and waiting: the hand-off and the
-        wake-up cost more CPU than the disk write this thread then waits for (cold small
-        files 2.1 -> 1.7 CPU-ms per file in the daemon, see BENCHMARKS.md)."""
+        wake-up cost more CPU than the disk write this thread then waits for (see
+        docs/optimization-history.md, "Reads")."""
         parts: list[bytes | Future[bytes]] = []
         from_ram = 0
         span = block_span(offset, size, ref.size, self.block_size)
@@ -271,7 +271,7 @@ class TierStack:
 
         Why one request per run: a sequential reader needs every block anyway, and one ranged
         GET avoids a request's latency (and price) per block; some servers also pay per
-        request in proportion to the object's size (moto copies the whole object for every
+        request in proportion to the object's size (they read the whole object for every
         range)."""
         last = min(first + count, self.block_count(ref))
         index = first
@@ -355,9 +355,8 @@ class TierStack:
 
     def _write_behind(self, block: BlockId, data: bytes) -> None:
         """Why streams do not write their blocks themselves: a stream's thread that stops
-        reading its response for every disk write (5-12 ms per 4 MiB block, measured in the
-        stream) leaves the connection idle. Handing the writes over took cold large reads
-        from 279 to 296 MiB/s by hand (4 x 64 MiB, one reader, medians of 5 rounds)."""
+        reading its response for every disk write leaves the connection idle for as long as
+        the write takes, which can be longer than reading the block."""
         try:
             self._to_disk(block, data)
         except Exception:  # noqa: BLE001 - a cache write; the block stays readable from RAM

@@ -1,4 +1,5 @@
-"""Dataset manifests: JSON Lines, one sample a line, as DESIGN.md fixes the format.
+"""Dataset manifests: JSON Lines, one sample a line, in the format README.md documents
+("Warmup, status, metrics").
 
 Each line is an object with `"path"` (relative to the mount root) or `"url"` (`s3://bucket/key`,
 or `file:///dir/key` for a local bucket), plus any label fields. `avafs warmup --manifest` and

@@ -1,10 +1,10 @@
 """Warmup jobs and prefetch hints: filling the cache ahead of the readers.
 
-A warmup is planned before it starts: the files are listed, what is already cached is
-counted, and if the rest does not fit under the tier's high watermark only what fits is
-loaded, so a warmup never evicts what it has just loaded (a complaint against Fluid and
-Alluxio). Blocks, not files, are the unit of parallel work, so one large file is warmed as fast
-as many small ones. Prefetch hints use only fetch slots that demand reads leave free.
+A warmup is planned before it starts: the files are listed, what is already cached is counted,
+and if the rest does not fit under the tier's high watermark only what fits is loaded, so a
+warmup never evicts what it has just loaded. Blocks, not files, are the unit of parallel work,
+so one large file is warmed as fast as many small ones. Prefetch hints use only fetch slots that
+demand reads leave free.
 """
 
 from __future__ import annotations

@@ -4,11 +4,10 @@ A state is journaled after its data file is fsync'ed, and before `close()`/`fsyn
 a multi-key change (a directory rename) is one batch, so a crash leaves all of it or none.
 After a crash the next mount loads the journal and uploads what it holds.
 
-Group commit: changes are queued in the order they are submitted and one writer thread
-writes everything queued as one synced batch, so many files closed at once cost one WAL
-fsync, not one each (the synced write also holds the GIL: it was 22-29% of the write-path
-profiles). Removals after an upload are queued without waiting: lost in a crash, they make
-the next mount upload the file again, which is idempotent.
+Group commit: changes are queued in the order they are submitted and one writer thread writes
+everything queued as one synced batch, so many files closed at once cost one WAL fsync, not one
+each (a synced write also holds the GIL). Removals after an upload are queued without waiting:
+lost in a crash, they make the next mount upload the file again, which is idempotent.
 
 Multipart uploads started while files are written (streaming.py) are recorded too, under keys
 of their own, so the next mount can abort those a crash left unfinished instead of leaving

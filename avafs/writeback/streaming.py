@@ -222,9 +222,9 @@ def _drop_cached(fd: int, end: int) -> None:
     """Let the kernel reuse the page cache of the file's first `end` bytes, which are in the
     store now: pages written back are dropped, dirty ones start their write-back (the close's
     fsync would wait for it anyway) and go at a later part's call. Why: a gigabyte written
-    through the page cache takes a gigabyte of memory the kernel has to find, and on the VMs
-    we measure on, memory not touched lately costs about 3 CPU-s per GiB to write into
-    (0.6-0.9 CPU-s when the pages of what went before are reused, by hand)."""
+    through the page cache takes a gigabyte of memory the kernel has to find, and writing into
+    memory not touched lately costs far more CPU than reusing the pages of what went before
+    (BENCHMARKS.md, "A property of this machine's memory")."""
     try:
         os.posix_fadvise(fd, 0, end, os.POSIX_FADV_DONTNEED)
     except OSError as error:  # advice only: the part is in the store either way

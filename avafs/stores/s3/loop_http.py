@@ -1,11 +1,9 @@
 """HTTP/1.1 GETs sent on the trio loop that serves FUSE, over a keep-alive pool of its own.
 
 Why: a cold small file's READ waits on exactly one GET. Sent from a worker thread, that GET
-costs a thread hop there and back and, with eight readers, a fight for the GIL at every
-socket call (173 futex calls per file in `strace -c` of the daemon); sent on the loop, the
-wait is an epoll registration (726 futex calls for 1000 files). By hand (1000 x 100 KiB, 8
-readers, moto on loopback, old and new code in turn, 5 rounds): 0.95x -> 1.19x the direct
-parallel download, daemon CPU 2.01 -> 1.85 s per 1000 files. h11 frames the messages; this
+costs a thread hop there and back and, with several readers, the fetching threads contend for
+the GIL at every socket call; sent on the loop, the wait is an epoll registration and no
+thread is woken (measured in docs/optimization-history.md). h11 frames the messages; this
 module owns the sockets, the pool and the timeouts, and gives up (returns None) on anything
 unexpected, so the caller sends the request again through the thread path, which owns
 retries and error reporting.
