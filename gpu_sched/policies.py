@@ -157,8 +157,9 @@ class FgdPolicy(BinpackPolicy):
     each node's GPUs, model and CPU and memory left; a node that does not report its CPU or memory
     counts as having plenty. The pod goes where waste grows least; ties go to the node left with
     the fewest whole GPUs free, then to one already in use, then to the first name, as in the
-    simulator. A share goes to the GPU of that node where waste grows least (among equals a partly
-    used GPU, the fullest first), so bind (place()) picks the GPU the score was worked out for.
+    simulator. A share goes to the GPU of that node where waste grows least (among equals, by the
+    same rule, a free GPU, else the fullest), so bind (place()) picks the GPU the score was worked
+    out for.
     """
 
     name = "fgd"
@@ -205,8 +206,9 @@ class FgdPolicy(BinpackPolicy):
         levels = gpu_left[candidates, columns]
         delta = np.round(placement_delta(types, aggregates, shape, candidates, levels, free,
                                          cpu_left, memory_left, before), 6)
-        # Per node, the first candidate by waste, then a partly used GPU, then the fullest.
-        order = np.lexsort((levels, levels == MILLI_PER_GPU, delta, candidates))
+        # Per node, the first candidate by waste, then by whole GPUs left free (so a free GPU
+        # first, as the simulator breaks ties), then the fullest GPU.
+        order = np.lexsort((levels, levels != MILLI_PER_GPU, delta, candidates))
         first = np.ones(len(order), dtype=bool)
         first[1:] = candidates[order][1:] != candidates[order][:-1]
         best, room = np.full(len(nodes), np.inf), np.full(len(nodes), MILLI_PER_GPU)
