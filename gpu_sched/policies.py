@@ -139,8 +139,8 @@ def _left(values: list[int | None]) -> np.ndarray:
 
 
 def request_shape(request: GpuRequest) -> Shape:
-    """The request as the simulator's pod shape (arrival.pod_shape): a share is one GPU of
-    `milli`, whole GPUs are `gpus` GPUs of 1000."""
+    """The request as a pod shape, for the extender and the simulators alike: a share is one GPU
+    of `milli`, whole GPUs are `gpus` GPUs of 1000."""
     if request.is_shared:
         return Shape(request.cpu, request.memory, 1, request.milli, request.models)
     return Shape(request.cpu, request.memory, request.gpus,
