@@ -23,11 +23,14 @@ class RequestError(ValueError):
 
 @dataclass(frozen=True)
 class GpuRequest:
-    """What one pod asks for: whole GPUs, or a share of one GPU in milli-GPU, optionally of given models."""
+    """What one pod asks for: whole GPUs, or a share of one GPU in milli-GPU, optionally of given
+    models; and its CPU (milli-cores) and memory (MiB), which only the fgd policy weighs."""
 
     gpus: int = 0
     milli: int = 0
     models: frozenset[str] = field(default_factory=frozenset)
+    cpu: int = 0
+    memory: int = 0
 
     def __post_init__(self) -> None:
         if self.gpus < 0:
@@ -37,6 +40,9 @@ class GpuRequest:
                                f"got {self.milli}")
         if self.gpus and self.milli:
             raise RequestError("ask for whole GPUs or a share of one GPU, not both")
+        if self.cpu < 0 or self.memory < 0:
+            raise RequestError(f"CPU and memory must not be negative, got {self.cpu} milli-CPU "
+                               f"and {self.memory} MiB")
 
     @property
     def wants_gpu(self) -> bool:
@@ -100,16 +106,20 @@ def best_gpu_set(topology: Topology, free: tuple[int, ...], count: int) -> Place
 
 
 class NodeGpus:
-    """The GPUs of one node and how much of each (in milli-GPU) is taken."""
+    """The GPUs of one node and how much of each (in milli-GPU) is taken; with the CPU (milli-cores)
+    and memory (MiB) left, where whoever built it knows them (None otherwise)."""
 
-    __slots__ = ("capacity", "model", "name", "topology", "used")
+    __slots__ = ("capacity", "cpu_left", "memory_left", "model", "name", "topology", "used")
 
-    def __init__(self, name: str, topology: Topology, model: str = "") -> None:
+    def __init__(self, name: str, topology: Topology, model: str = "",
+                 cpu_left: int | None = None, memory_left: int | None = None) -> None:
         self.name = name
         self.topology = topology
         self.model = model
         self.capacity = topology.gpu_count
         self.used = [0] * self.capacity
+        self.cpu_left = cpu_left
+        self.memory_left = memory_left
 
     def free_gpus(self) -> tuple[int, ...]:
         return tuple(i for i, used in enumerate(self.used) if used == 0)
@@ -142,14 +152,22 @@ class NodeGpus:
             shared = self.best_shared_gpu(request.milli)
             if shared is not None:
                 return Placement((shared,), request.milli)
-            free = self.free_gpus()
-            if not free:
-                return None
-            return Placement(best_gpu_set(self.topology, free, 1).gpus, request.milli)
+            return self.share_on(MILLI_PER_GPU, request.milli)
         free = self.free_gpus()
         if len(free) < request.gpus or not request.gpus:
             return None
         return best_gpu_set(self.topology, free, request.gpus)
+
+    def share_on(self, room: int, milli: int) -> Placement | None:
+        """A share on a GPU with exactly `room` milli-GPU left (None when none has): the lowest
+        such index, or among free GPUs the worst-connected, so well-linked ones stay together."""
+        if room < milli:
+            return None
+        if room == MILLI_PER_GPU:
+            free = self.free_gpus()
+            return Placement(best_gpu_set(self.topology, free, 1).gpus, milli) if free else None
+        gpu = next((i for i, used in enumerate(self.used) if MILLI_PER_GPU - used == room), None)
+        return None if gpu is None else Placement((gpu,), milli)
 
     def apply(self, placement: Placement) -> None:
         for gpu in placement.gpus:

@@ -33,6 +33,7 @@ from gpu_sched.fragmentation import (
     node_waste,
     placement_delta,
 )
+from gpu_sched.policies import request_shape
 from gpu_sched.trace import TraceError, TraceNode, TracePod
 
 ARRIVAL_POLICIES = ("fgd", "binpack", "spread", "random")
@@ -40,10 +41,7 @@ ARRIVAL_POLICIES = ("fgd", "binpack", "spread", "random")
 
 def pod_shape(pod: TracePod) -> Shape:
     """A trace pod's ask; num_gpu 1 with gpu_milli below 1000 is a share, else whole GPUs."""
-    models = frozenset(m for m in pod.gpu_spec.split("|") if m and m != "nan")
-    if pod.num_gpu == 1 and 0 < pod.gpu_milli < MILLI:
-        return Shape(pod.cpu_milli, pod.memory_mib, 1, pod.gpu_milli, models)
-    return Shape(pod.cpu_milli, pod.memory_mib, pod.num_gpu, MILLI if pod.num_gpu else 0, models)
+    return request_shape(pod.request())
 
 
 class Cluster:

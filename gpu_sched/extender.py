@@ -187,12 +187,13 @@ class Extender:
         self.nodes = NodeDirectory(kube, node_cache_seconds)
 
     def resync(self) -> int:
-        """Rebuild the GPU ledger from the pods' gpu-sched/gpus annotations; returns pods holding GPUs."""
+        """Rebuild the ledger from the bound pods' requests and gpu-sched/gpus annotations;
+        returns how many pods hold GPUs."""
         started = time.monotonic()
         pods = self.kube.list_pods()
         listed = [a for a in (assignment_from_pod(pod) for pod in pods) if a is not None]
         self.ledger.replace(listed, started)
-        return len(listed)
+        return sum(1 for a in listed if a.gpus)
 
     def _quota_refusal(self, pod: dict[str, Any], request: GpuRequest) -> str | None:
         if self.quota is None:
@@ -359,13 +360,15 @@ class Extender:
         if bound_to:
             raise ObjectError(f"pod {namespace}/{name} is already bound to node {bound_to}")
         request = pod_request(pod)
+        key = pod_key(pod)
         if not request.wants_gpu:
             self.kube.bind_pod(namespace, name, uid, node)
+            self.ledger.record(Assignment(key, uid or actual_uid, node, (), 0, pod_group(pod), 0.0,
+                                          time.monotonic(), request.cpu, request.memory))
             return
         info = self.nodes.lookup([node]).get(node)
         if info is None:
             raise ObjectError(f"node {node}: {UNKNOWN_NODE}")
-        key = pod_key(pod)
         with self.ledger.lock:
             in_flight = self.ledger.get(key)
             if in_flight is not None and in_flight.settled_at is None:
@@ -375,12 +378,13 @@ class Extender:
                 raise ObjectError(refusal)
             state = self.ledger.node_gpus(info, exclude_pod=key)
             why = rejection(state, request)
-            placement = state.choose(request) if why is None else None
+            placement = self.policy.place(state, request) if why is None else None
             if placement is None:
                 raise ObjectError(f"node {node}: {why.reason if why else 'no GPUs fit'}")
             milli_each = request.milli if request.is_shared else MILLI_PER_GPU
             assignment = Assignment(key, uid or actual_uid, node, placement.gpus, milli_each,
-                                    pod_group(pod), request.gpu_equivalent)
+                                    pod_group(pod), request.gpu_equivalent, cpu=request.cpu,
+                                    memory=request.memory)
             self.ledger.record(assignment)
         try:
             self.kube.annotate_pod(namespace, name, {GPUS_ANNOTATION: placement.annotation})

@@ -26,7 +26,7 @@ from gpu_sched.fragmentation import Aggregates, PodTypes, Shape, node_waste, pla
 
 MAX_SCORE = 10
 UNTRACKED = 2**40
-"""CPU and memory left assumed on every node where the extender does not track them."""
+"""CPU and memory left assumed on a node that does not say (NodeGpus.cpu_left or memory_left None)."""
 
 
 def _used_share_after(node: NodeGpus, request: GpuRequest) -> float:
@@ -50,6 +50,10 @@ class Policy(ABC):
     @abstractmethod
     def share(self, node: NodeGpus, request: GpuRequest) -> float:
         """How much this policy likes the node, from 0 to 1, for the scores sent to kube-scheduler."""
+
+    def place(self, node: NodeGpus, request: GpuRequest) -> Placement | None:
+        """The GPUs of `node` the request gets once the node is chosen (the extender's bind)."""
+        return node.choose(request)
 
     def choose(self, request: GpuRequest, nodes: Sequence[NodeGpus]
                ) -> tuple[NodeGpus, Placement] | None:
@@ -130,15 +134,32 @@ class RandomPolicy(Policy):
             return self._rng.random()
 
 
-class FgdPolicy(BinpackPolicy):
-    """Fragmentation gradient descent over the GPUs the extender sees (fragmentation.waste).
+def _left(values: list[int | None]) -> np.ndarray:
+    return np.array([UNTRACKED if value is None else value for value in values], dtype=np.int64)
 
-    The workload's pod types are the requests this policy has been asked about, counted as they
-    come (halved when they pass `HISTORY`, so the mix follows the workload). The node is the one
-    where the expected waste of that mix grows least; binpack's order breaks ties, and inside
-    the node the GPUs are picked as for every policy (best links, best-fit share). kube-scheduler
-    has checked CPU and memory before the extender sees a pod and the extender does not track
-    them, so here the mix is measured on GPUs and GPU models alone.
+
+def request_shape(request: GpuRequest) -> Shape:
+    """The request as a pod shape, for the extender and the simulators alike: a share is one GPU
+    of `milli`, whole GPUs are `gpus` GPUs of 1000."""
+    if request.is_shared:
+        return Shape(request.cpu, request.memory, 1, request.milli, request.models)
+    return Shape(request.cpu, request.memory, request.gpus,
+                 MILLI_PER_GPU if request.gpus else 0, request.models)
+
+
+class FgdPolicy(BinpackPolicy):
+    """Fragmentation gradient descent over the nodes it is shown (fragmentation.waste), deciding
+    as the arrival simulator's fgd (arrival.FgdArrival) does for the same nodes and pod mix.
+
+    The workload's pod types are the requests this policy has been asked to place, each call to
+    choose() or scores() counting its pod once (counts halve when they pass `HISTORY`, so the mix
+    follows the workload), with their CPU, memory, GPUs, share and models. Waste is measured on
+    each node's GPUs, model and CPU and memory left; a node that does not report its CPU or memory
+    counts as having plenty. The pod goes where waste grows least; ties go to the node left with
+    the fewest whole GPUs free, then to one already in use, then to the first name, as in the
+    simulator. A share goes to the GPU of that node where waste grows least (among equals, by the
+    same rule, a free GPU, else the fullest), so bind (place()) picks the GPU the score was worked
+    out for.
     """
 
     name = "fgd"
@@ -148,61 +169,97 @@ class FgdPolicy(BinpackPolicy):
         self._seen: Counter[Shape] = Counter()
         self._lock = threading.Lock()
 
-    def _mix(self, shape: Shape) -> Counter[Shape]:
+    def _observe(self, shape: Shape) -> Counter[Shape]:
+        """Count one more pod of the shape; the mix to measure waste against."""
         with self._lock:
             self._seen[shape] += 1
             if sum(self._seen.values()) > self.HISTORY:
                 self._seen = Counter({s: n // 2 for s, n in self._seen.items() if n > 1})
             return Counter(self._seen)
 
-    def deltas(self, request: GpuRequest, nodes: Sequence[NodeGpus]) -> np.ndarray:
-        """Growth of the expected waste on each node if it took the request (lowest on its GPUs)."""
-        shape = Shape(0, 0, request.gpus or 1, request.milli or MILLI_PER_GPU, request.models)
-        types = PodTypes(self._mix(shape).elements(), [node.model for node in nodes])
+    def _mix(self) -> Counter[Shape]:
+        with self._lock:
+            return Counter(self._seen)
+
+    @staticmethod
+    def _best(mix: Counter[Shape], request: GpuRequest, nodes: Sequence[NodeGpus]
+              ) -> tuple[np.ndarray, np.ndarray]:
+        """Per node: the least growth of the mix's expected waste if it took the request, and the
+        room (milli-GPU left) of the GPU a share would take for it (1000 for whole GPUs)."""
+        shape = request_shape(request)
+        types = PodTypes(mix.elements(), [node.model for node in nodes])
         width = max(node.capacity for node in nodes)
         gpu_left = np.zeros((len(nodes), width), dtype=np.int64)
         for row, node in enumerate(nodes):
             gpu_left[row, :node.capacity] = [MILLI_PER_GPU - used for used in node.used]
         free = gpu_left.sum(axis=1)
-        unlimited = np.full(len(nodes), UNTRACKED)
+        cpu_left = _left([node.cpu_left for node in nodes])
+        memory_left = _left([node.memory_left for node in nodes])
         aggregates = Aggregates(types, gpu_left)
         rows = np.arange(len(nodes))
-        before = node_waste(types, aggregates, free, unlimited, unlimited, rows)
+        before = node_waste(types, aggregates, free, cpu_left, memory_left, rows)
         if not request.is_shared:
-            return placement_delta(types, aggregates, shape, rows, None, free, unlimited,
-                                   unlimited, before)
+            delta = placement_delta(types, aggregates, shape, rows, None, free, cpu_left,
+                                    memory_left, before)
+            return np.round(delta, 6), np.full(len(nodes), MILLI_PER_GPU)
         candidates, columns = np.nonzero(gpu_left >= request.milli)
-        delta = placement_delta(types, aggregates, shape, candidates,
-                                gpu_left[candidates, columns], free, unlimited, unlimited, before)
-        best = np.full(len(nodes), np.inf)
-        np.minimum.at(best, candidates, delta)
-        return best
+        levels = gpu_left[candidates, columns]
+        delta = np.round(placement_delta(types, aggregates, shape, candidates, levels, free,
+                                         cpu_left, memory_left, before), 6)
+        # Per node, the first candidate by waste, then by whole GPUs left free (so a free GPU
+        # first, as the simulator breaks ties), then the fullest GPU.
+        order = np.lexsort((levels, levels != MILLI_PER_GPU, delta, candidates))
+        first = np.ones(len(order), dtype=bool)
+        first[1:] = candidates[order][1:] != candidates[order][:-1]
+        best, room = np.full(len(nodes), np.inf), np.full(len(nodes), MILLI_PER_GPU)
+        best[candidates[order][first]] = delta[order][first]
+        room[candidates[order][first]] = levels[order][first]
+        return best, room
+
+    def _ranked(self, request: GpuRequest, nodes: Sequence[NodeGpus], delta: np.ndarray,
+                room: np.ndarray) -> list[tuple[NodeGpus, Placement]]:
+        """Fitting nodes with their placements, best first."""
+        def key(index: int) -> tuple[float, int, int, str]:
+            node = nodes[index]
+            whole_after = node.free_count() - (int(room[index] == MILLI_PER_GPU)
+                                               if request.is_shared else request.gpus)
+            return (delta[index], whole_after, int(node.used_milli() == 0), node.name)
+
+        ranked = []
+        for index in sorted(range(len(nodes)), key=key):
+            node = nodes[index]
+            placement = (node.share_on(int(room[index]), request.milli) if request.is_shared
+                         else node.choose(request))
+            if placement is not None:
+                ranked.append((node, placement))
+        return ranked
+
+    def place(self, node: NodeGpus, request: GpuRequest) -> Placement | None:
+        if not request.is_shared:
+            return node.choose(request)
+        _, room = self._best(self._mix() or Counter([request_shape(request)]), request, [node])
+        return node.share_on(int(room[0]), request.milli)
 
     def choose(self, request: GpuRequest, nodes: Sequence[NodeGpus]
                ) -> tuple[NodeGpus, Placement] | None:
         if not nodes or not request.wants_gpu:
             return super().choose(request, nodes)
-        deltas = np.round(self.deltas(request, nodes), 6)
-        order = sorted(range(len(nodes)), key=lambda i: (deltas[i], self.preference(nodes[i], request),
-                                                         nodes[i].name))
-        for index in order:
-            placement = nodes[index].choose(request)
-            if placement is not None:
-                return nodes[index], placement
-        return None
+        delta, room = self._best(self._observe(request_shape(request)), request, nodes)
+        ranked = self._ranked(request, nodes, delta, room)
+        return ranked[0] if ranked else None
 
     def scores(self, request: GpuRequest, nodes: Sequence[NodeGpus]) -> dict[str, int]:
         """The chosen node 10; the others 0-9, the least waste growth highest."""
         if not nodes or not request.wants_gpu:
             return super().scores(request, nodes)
-        deltas = self.deltas(request, nodes)
-        low, high = float(deltas.min()), float(deltas.max())
+        delta, room = self._best(self._observe(request_shape(request)), request, nodes)
+        low, high = float(delta.min()), float(delta.max())
         span = high - low or 1.0
-        scores = {node.name: round((MAX_SCORE - 1) * (high - delta) / span)
-                  for node, delta in zip(nodes, deltas, strict=True)}
-        choice = self.choose(request, nodes)
-        if choice is not None:
-            scores[choice[0].name] = MAX_SCORE
+        scores = {node.name: round((MAX_SCORE - 1) * (high - value) / span)
+                  for node, value in zip(nodes, delta, strict=True)}
+        ranked = self._ranked(request, nodes, delta, room)
+        if ranked:
+            scores[ranked[0][0].name] = MAX_SCORE
         return scores
 
 

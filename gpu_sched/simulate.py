@@ -15,8 +15,9 @@ Pods arrive at creation_time and leave at deletion_time (departures first when b
 second). A pod that fits nowhere when it arrives fails; it does not wait, so every policy faces the
 same arrivals. A pod goes only to a node with the CPU and memory it asks for left, as kube-scheduler
 checks those before the extender sees a pod; CPU-only pods are placed too (by the policy's count
-preference), as they take CPU and memory from GPU machines. Trace machines get an assumed 2-socket
-PCIe wiring (the trace does not record it).
+preference), as they take CPU and memory from GPU machines. The nodes carry their CPU and memory
+left and the requests the pods' CPU and memory asks, so fgd weighs them as the extender's does.
+Trace machines get an assumed 2-socket PCIe wiring (the trace does not record it).
 """
 
 from __future__ import annotations
@@ -55,18 +56,16 @@ class _Cluster:
 
     def __init__(self, trace_nodes: list[TraceNode]) -> None:
         topologies: dict[int, Topology] = {}
-        self.nodes = [NodeGpus(n.sn, topologies.setdefault(n.gpu, dual_socket_pcie(n.gpu)), n.model)
+        self.nodes = [NodeGpus(n.sn, topologies.setdefault(n.gpu, dual_socket_pcie(n.gpu)), n.model,
+                               n.cpu_milli, n.memory_mib)
                       for n in sorted(trace_nodes, key=lambda n: n.sn) if n.gpu > 0]
-        self.cpu_left = {n.sn: n.cpu_milli for n in trace_nodes}
-        self.memory_left = {n.sn: n.memory_mib for n in trace_nodes}
         self.total_milli = sum(node.capacity for node in self.nodes) * MILLI_PER_GPU
         self.used_milli = 0
         self.free_histogram = Counter(node.capacity for node in self.nodes)
 
     def hosts(self, node: NodeGpus, pod: TracePod) -> bool:
         """Whether the node has the CPU and memory the pod asks for left."""
-        return (self.cpu_left[node.name] >= pod.cpu_milli
-                and self.memory_left[node.name] >= pod.memory_mib)
+        return node.cpu_left >= pod.cpu_milli and node.memory_left >= pod.memory_mib
 
     def _change(self, node: NodeGpus, placement: Placement, pod: TracePod, apply: bool) -> None:
         before = node.free_count()
@@ -76,8 +75,8 @@ class _Cluster:
         else:
             node.release(placement)
         self.used_milli += sign * placement.milli_each * len(placement.gpus)
-        self.cpu_left[node.name] -= sign * pod.cpu_milli
-        self.memory_left[node.name] -= sign * pod.memory_mib
+        node.cpu_left -= sign * pod.cpu_milli
+        node.memory_left -= sign * pod.memory_mib
         self.free_histogram[before] -= 1
         self.free_histogram[node.free_count()] += 1
 

@@ -1,8 +1,10 @@
-"""The extender's memory of which pod holds which GPUs on which node.
+"""The extender's memory of what each pod holds on its node: GPUs, CPU and memory.
 
-The authoritative copy lives in the API server, as each bound pod's gpu-sched/gpus annotation; this
-ledger is a cache of it, rebuilt from a pod listing at start and refreshed periodically so deleted
-pods give their GPUs back. Every method takes the lock, so the HTTP server's threads can share one.
+The authoritative copy lives in the API server: each bound pod's gpu-sched/gpus annotation names
+its GPUs, and its containers' requests its CPU and memory. This ledger is a cache of it, rebuilt
+from a pod listing at start and refreshed periodically so deleted and finished pods give their
+share back; a bind records the pod's share at once, before the next listing can see it. Every
+method takes the lock, so the HTTP server's threads can share one.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from gpu_sched.k8s_objects import (
     NodeInfo,
     ObjectError,
     pod_assigned_gpus,
+    pod_cpu_memory,
     pod_group,
     pod_key,
     pod_request,
@@ -32,6 +35,8 @@ FINISHED_PHASES = ("Succeeded", "Failed")
 
 @dataclass(frozen=True)
 class Assignment:
+    """What one bound pod holds on its node; gpus is empty for a pod holding none we can name."""
+
     pod_key: str
     uid: str
     node: str
@@ -41,30 +46,43 @@ class Assignment:
     gpu_equivalent: float
     settled_at: float | None = None
     """When the API server was known to hold this (bind done, or seen listed); None while binding."""
+    cpu: int = 0
+    """Requested milli-CPU."""
+    memory: int = 0
+    """Requested MiB."""
 
 
 def assignment_from_pod(pod: dict[str, Any]) -> Assignment | None:
-    """The GPUs a listed pod holds, or None when it holds none (unbound, finished, not annotated)."""
+    """What a listed pod holds: CPU and memory for every bound, unfinished pod, and the GPUs its
+    gpu-sched/gpus annotation names; None for a pod that is unbound or finished."""
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
     node = spec.get("nodeName") if isinstance(spec, dict) else None
     phase = status.get("phase") if isinstance(status, dict) else None
     if not node or phase in FINISHED_PHASES:
         return None
+    key = pod_key(pod)
+    uid = str((pod.get("metadata") or {}).get("uid") or "")
+    try:
+        cpu, memory = pod_cpu_memory(pod)
+    except ObjectError as exc:
+        log.warning("pod %s: not counting its CPU and memory: %s", key, exc)
+        cpu = memory = 0
+    held = Assignment(key, uid, node, (), 0, pod_group(pod), 0.0, settled_at=time.monotonic(),
+                      cpu=cpu, memory=memory)
     gpus = pod_assigned_gpus(pod)
     if gpus is None:
-        return None
+        return held
     try:
         request = pod_request(pod)
     except ObjectError as exc:
-        log.warning("pod %s: not counting its GPUs: %s", pod_key(pod), exc)
-        return None
+        log.warning("pod %s: not counting its GPUs: %s", key, exc)
+        return held
     if not request.wants_gpu:
-        return None
+        return held
     milli_each = request.milli if request.is_shared else MILLI_PER_GPU
-    uid = str((pod.get("metadata") or {}).get("uid") or "")
-    return Assignment(pod_key(pod), uid, node, gpus, milli_each, pod_group(pod),
-                      request.gpu_equivalent, settled_at=time.monotonic())
+    return Assignment(key, uid, node, gpus, milli_each, held.group_label, request.gpu_equivalent,
+                      held.settled_at, cpu, memory)
 
 
 class Ledger:
@@ -79,12 +97,15 @@ class Ledger:
         return self._lock
 
     def node_gpus(self, info: NodeInfo, exclude_pod: str | None = None) -> NodeGpus:
-        node = NodeGpus(info.name, info.topology, info.model)
+        """The node as the pods in the ledger leave it, but for `exclude_pod`: its GPUs' use, and
+        its CPU and memory left where the node reports allocatable amounts."""
         with self._lock:
-            held = list(self._by_node.get(info.name, {}).values())
+            held = [a for a in self._by_node.get(info.name, {}).values()
+                    if a.pod_key != exclude_pod]
+        node = NodeGpus(info.name, info.topology, info.model,
+                        None if info.cpu is None else info.cpu - sum(a.cpu for a in held),
+                        None if info.memory is None else info.memory - sum(a.memory for a in held))
         for assignment in held:
-            if assignment.pod_key == exclude_pod:
-                continue
             for gpu in assignment.gpus:
                 if gpu < node.capacity:
                     node.used[gpu] = min(MILLI_PER_GPU, node.used[gpu] + assignment.milli_each)

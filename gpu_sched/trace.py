@@ -60,8 +60,10 @@ class TracePod:
     def request(self) -> GpuRequest:
         models = frozenset(m for m in self.gpu_spec.split("|") if m and m != "nan")
         if self.num_gpu == 1 and 0 < self.gpu_milli < MILLI_PER_GPU:
-            return GpuRequest(milli=self.gpu_milli, models=models)
-        return GpuRequest(gpus=self.num_gpu, models=models)
+            return GpuRequest(milli=self.gpu_milli, models=models, cpu=self.cpu_milli,
+                              memory=self.memory_mib)
+        return GpuRequest(gpus=self.num_gpu, models=models, cpu=self.cpu_milli,
+                          memory=self.memory_mib)
 
 
 def _rows(path: Path, columns: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:

@@ -228,9 +228,10 @@ class FakeApiServer:
 
 def make_pod(name: str, gpus: int = 0, milli: int = 0, group: str | None = None,
              namespace: str = "default", gpu_spec: str | None = None,
-             node: str | None = None, assigned: str | None = None) -> dict[str, Any]:
+             node: str | None = None, assigned: str | None = None, cpu: str = "4",
+             memory: str = "16Gi") -> dict[str, Any]:
     """A pod as the API server returns it, with the GPU ask in its container's limits."""
-    limits: dict[str, str] = {"cpu": "4", "memory": "16Gi"}
+    limits: dict[str, str] = {"cpu": cpu, "memory": memory}
     if gpus:
         limits["nvidia.com/gpu"] = str(gpus)
     if milli:
@@ -266,7 +267,8 @@ def make_pod(name: str, gpus: int = 0, milli: int = 0, group: str | None = None,
 
 
 def make_node(name: str, gpus: int = 8, topology_file: str | None = None,
-              model: str | None = "Tesla-V100-SXM2-32GB") -> dict[str, Any]:
+              model: str | None = "Tesla-V100-SXM2-32GB", cpu: str = "96",
+              memory: str = "790000000Ki") -> dict[str, Any]:
     """A node as the API server returns it; topology_file names a fixture under data/."""
     annotations = {"node.alpha.kubernetes.io/ttl": "0",
                    "volumes.kubernetes.io/controller-managed-attach-detach": "true"}
@@ -276,7 +278,7 @@ def make_node(name: str, gpus: int = 8, topology_file: str | None = None,
     labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}
     if model:
         labels["nvidia.com/gpu.product"] = model
-    resources = {"cpu": "96", "memory": "790000000Ki", "pods": "110",
+    resources = {"cpu": cpu, "memory": memory, "pods": "110",
                  "nvidia.com/gpu": str(gpus)}
     return {
         "kind": "Node", "apiVersion": "v1",
