@@ -166,7 +166,7 @@ def test_listing_phase_says_what_it_does(tmp_path):
     """The bar before the daemon knows the totals: a phase name, not `0/? bytes ?`."""
     script = (
         "import time\n"
-        "from avafs.progress import WarmupProgress\n"
+        "from avafs.control.progress import WarmupProgress\n"
         "state = dict(id=1, state='planning', tier='disk', files_total=0, bytes_total=0,\n"
         "             files_done=0, bytes_done=0, files_already_cached=0,\n"
         "             bytes_already_cached=0, files_skipped_for_space=0,\n"
