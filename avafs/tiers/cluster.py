@@ -163,6 +163,18 @@ class ClusterTier:
                 self._claimed.add(block)
         return won
 
+    def get_or_claim(self, block: BlockId, size: int) -> tuple[bytes | None, bool]:
+        """The block if the tier holds it; else whether this node is to read it from the
+        source (`claim`). A won claim looks once more: the node that filled the block may
+        have removed its marker between this node's look and its claim."""
+        data = self.get(block, size)
+        if data is not None or not self.claim(block):
+            return data, False
+        data = self.get(block, size)
+        if data is not None:
+            self.release(block)
+        return data, data is None
+
     def wait_for(self, block: BlockId, size: int) -> bytes | None:
         """The block once the node that claimed it has filled it; None when it will not come
         (see the module docstring), and the caller reads the source."""
@@ -194,8 +206,8 @@ class ClusterTier:
                      ) -> tuple[bytes, bool]:
         """The block from this tier, else from `read_source` (then filled behind by the
         caller, see `fill`); and whether the source was read."""
-        data = self.get(block, size)
-        if data is None and not self.claim(block):
+        data, claimed = self.get_or_claim(block, size)
+        if data is None and not claimed:
             data = self.wait_for(block, size)
         if data is not None:
             return data, False

@@ -253,11 +253,11 @@ class TierStack:
         mine: list[tuple[BlockId, Future[bytes]]] = []
         others: list[tuple[BlockId, Future[bytes]]] = []
         for block, future in run:
-            data = cluster.get(block, self._block_length(ref, block.index))
+            data, claimed = cluster.get_or_claim(block, self._block_length(ref, block.index))
             if data is not None:
                 self._fetched(block, future, data, write_behind=True, source="cluster")
             else:
-                (mine if cluster.claim(block) else others).append((block, future))
+                (mine if claimed else others).append((block, future))
         for stretch in _unbroken(mine):
             self._stream_from_store(ref, stretch)
         for block, future in mine:
