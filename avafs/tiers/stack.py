@@ -43,6 +43,10 @@ WRITE_BEHIND_BLOCKS = 8
 """Blocks a stream may have fetched and not yet written to the disk tier; a stream that gets
 this far ahead of the disk waits for it, so the bytes held for writing stay bounded."""
 
+CLUSTER_PIECE = 4
+"""Blocks of a stream looked up in the cluster tier (a GET, a conditional PUT, a GET each)
+before the ones this node claimed are read from the store in one request."""
+
 WRITE_BEHIND_THREADS = 2
 """Disk writes of streamed blocks at a time: a block of 1 MiB or more is a direct write (see
 `block_files`) that keeps the device busy for milliseconds and the CPU for little, so two keep
@@ -248,21 +252,25 @@ class TierStack:
     def _stream_through_cluster(self, ref: ObjectRef, cluster: ClusterTier,
                                 run: list[tuple[BlockId, Future[bytes]]]) -> None:
         """Blocks the cluster tier holds come from it; those this node claims are streamed
-        from the store, a request per unbroken stretch; then those other nodes claimed are
-        waited for (in this order, so that nodes never wait on each other, see cluster.py)."""
-        mine: list[tuple[BlockId, Future[bytes]]] = []
+        from the store, a request per unbroken stretch of a piece of CLUSTER_PIECE blocks;
+        then those other nodes claimed are waited for (in this order, so that nodes never
+        wait on each other, see cluster.py). Pieces, not the whole run: the reader of the
+        run's first block waits for the lookups of its piece only."""
         others: list[tuple[BlockId, Future[bytes]]] = []
-        for block, future in run:
-            data, claimed = cluster.get_or_claim(block, self._block_length(ref, block.index))
-            if data is not None:
-                self._fetched(block, future, data, write_behind=True, source="cluster")
-            else:
-                (mine if claimed else others).append((block, future))
-        for stretch in _unbroken(mine):
-            self._stream_from_store(ref, stretch)
-        for block, future in mine:
-            if future.exception() is not None:
-                cluster.release(block)
+        for first in range(0, len(run), CLUSTER_PIECE):
+            mine: list[tuple[BlockId, Future[bytes]]] = []
+            for block, future in run[first:first + CLUSTER_PIECE]:
+                data, claimed = cluster.get_or_claim(block,
+                                                     self._block_length(ref, block.index))
+                if data is not None:
+                    self._fetched(block, future, data, write_behind=True, source="cluster")
+                else:
+                    (mine if claimed else others).append((block, future))
+            for stretch in _unbroken(mine):
+                self._stream_from_store(ref, stretch)
+            for block, future in mine:
+                if future.exception() is not None:
+                    cluster.release(block)
         for block, future in others:
             try:
                 data = cluster.wait_for(block, self._block_length(ref, block.index))
