@@ -119,8 +119,9 @@ def _add_control_parsers(commands: argparse._SubParsersAction) -> None:
                         help="the mount a manifest refers to (default: the one PATH or the "
                              "current directory is in)")
     parser.add_argument("--threads", type=int, default=8, help="parallel fetches (default 8)")
-    parser.add_argument("--tier", choices=("disk", "ram"), default="disk",
-                        help="fill the disk tier (default) or RAM as well")
+    parser.add_argument("--tier", choices=("disk", "ram", "cluster"), default="disk",
+                        help="fill the disk tier (default), RAM as well, or only the "
+                             "--cluster-cache tier shared by every node")
     parser.add_argument("--background", action="store_true",
                         help="return at once; 'avafs status' shows the progress")
     parser.add_argument("--check", action="store_true",
@@ -370,7 +371,7 @@ def _warmup(args: argparse.Namespace) -> int:
 def _check(result: dict) -> int:
     """`warmup --check`: exits 0 only when everything named is cached."""
     share = result["bytes_cached"] / result["bytes_total"] if result["bytes_total"] else 1.0
-    where = " in RAM" if result["tier"] == "ram" else ""
+    where = {"ram": " in RAM", "cluster": " in the cluster tier"}.get(result["tier"], "")
     print(f"cached{where}: {result['files_cached']}/{result['files_total']} files whole, "
           f"{format_size(result['bytes_cached'])} of {format_size(result['bytes_total'])} "
           f"({share:.0%})")

@@ -43,8 +43,9 @@ from .host.mounts import AVAFS_FSTYPE, mount_at
 from .log_format import EscapingFormatter
 from .metrics import Metrics
 from .namespace import Namespace
-from .stores import StoreLimits, open_store
+from .stores import StoreLimits, open_cluster_bucket, open_store
 from .stores.instrumented import InstrumentedStore
+from .tiers.cluster import ClusterTier
 from .tiers.disk import DiskTier
 from .tiers.ram import RamTier
 from .tiers.stack import TierStack
@@ -108,7 +109,7 @@ class Filesystem:
                         options.high_watermark, options.low_watermark, options.cache_policy,
                         KEEP_LOCATIONS_FOR)
         self.stack = TierStack(ram, disk, options.block_size, options.inflight_memory,
-                               self.metrics, options.read_ahead)
+                               self.metrics, options.read_ahead, self._cluster_tier())
         self.writeback: WriteBack | None = None
         self.uploader: Uploader | None = None
         if not options.read_only:
@@ -151,6 +152,22 @@ class Filesystem:
         if options.metrics_addr:
             host, port = options.metrics_addr
             prometheus_client.start_http_server(port, host, registry=self.metrics.exported)
+
+    def _cluster_tier(self) -> ClusterTier | None:
+        """The shared tier of `--cluster-cache`; a store that does not answer at mount time
+        is a warning, not a failed mount: it is a cache, and reads go to the source until
+        it answers."""
+        options = self.options
+        if not options.cluster_cache:
+            return None
+        bucket = open_cluster_bucket(options.cluster_cache, options.cluster_endpoint_url,
+                                     options.cluster_profile, options.cluster_timeout)
+        try:
+            bucket.check()
+        except AvafsError as error:
+            log.warning("cluster tier %s: %s; reading from the source until it answers",
+                        bucket.url, error)
+        return ClusterTier(bucket, options.block_size, self.metrics)
 
     def _watch_gauges(self) -> None:
         metrics = self.metrics

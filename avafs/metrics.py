@@ -15,6 +15,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 
 TIERS = ("ram", "disk")
+"""The node's own tiers; the cluster tier (`--cluster-cache`) is counted apart: it has no
+size or evictions of its own (the store keeps those)."""
+CLUSTER_ERRORS = ("get", "put", "claim", "corrupt")
 STORE_OPERATIONS = ("get", "list", "head", "put", "delete", "copy")
 
 
@@ -73,10 +76,27 @@ class Metrics:
         self.store_unreachable = Gauge("avafs_store_unreachable", "1 while a store fails "
                                        "every request in a way that may pass", ["store"],
                                        registry=r)
+        self.cluster_misses = Counter("avafs_cluster_misses", "Blocks the cluster tier did not "
+                                      "hold, read from the source instead", registry=r)
+        self.cluster_waits = Counter("avafs_cluster_waits", "Cluster tier hits on blocks "
+                                     "waited for while another node filled them", registry=r)
+        self.cluster_fills = Counter("avafs_cluster_fills", "Blocks written to the cluster tier",
+                                     registry=r)
+        self.cluster_fill_bytes = Counter("avafs_cluster_fill_bytes", "Bytes written to the "
+                                          "cluster tier", registry=r)
+        self.cluster_fills_dropped = Counter("avafs_cluster_fills_dropped", "Blocks not written "
+                                             "to the cluster tier: its queue was full or the "
+                                             "store down", registry=r)
+        self.cluster_fill_queue = Gauge("avafs_cluster_fill_queue_bytes", "Bytes of blocks "
+                                        "waiting to be written to the cluster tier", registry=r)
+        self.cluster_errors = Counter("avafs_cluster_errors", "Cluster tier requests that "
+                                      "failed, and damaged blocks found", ["kind"], registry=r)
+        for kind in CLUSTER_ERRORS:
+            self.cluster_errors.labels(kind)
         # Children looked up once: labels() costs microseconds, and reads count every block.
-        self.tier_hits = {tier: self.hits.labels(tier) for tier in TIERS}
+        self.tier_hits = {tier: self.hits.labels(tier) for tier in (*TIERS, "cluster")}
         self.served_from = {source: self.bytes_served.labels(source)
-                            for source in ("ram", "disk", "store")}
+                            for source in ("ram", "disk", "cluster", "store")}
         for tier in TIERS:
             self.evictions.labels(tier)
         for operation in STORE_OPERATIONS:  # a zero, not no data, until the first failure

@@ -152,6 +152,9 @@ def test_libfuse_missing(local_bucket, mnt, tmp_path):
     (["--disk-cahce", "10Gi"], "unrecognized argument --disk-cahce; did you mean --disk-cache?"),
     (["--cache-size=10G"], "unrecognized argument --cache-size=10G; did you mean --disk-cache?"),
     (["--dir-cache-time", "5"], "did you mean --metadata-ttl?"),
+    (["--cluster-cache", "seaweed/cache"], "expected s3://BUCKET[/prefix]"),
+    (["--cluster-endpoint-url", "http://seaweed:8333"], "need --cluster-cache"),
+    (["--cluster-cache", "s3://cache", "--cluster-timeout", "0"], "invalid --cluster-timeout"),
 ])
 def test_invalid_option_values(local_bucket, mnt, tmp_path, flags, expected):
     line = one_line_error(run_avafs("mount", local_bucket.as_uri(), str(mnt), *flags,

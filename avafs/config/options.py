@@ -119,6 +119,14 @@ def _endpoint(value: Any) -> str:
     raise ValueError(f"expected an http:// or https:// URL, got {text!r}")
 
 
+def _cluster_url(value: Any) -> str:
+    text = str(value).strip()
+    parts = urlsplit(text)
+    if parts.scheme != "s3" or not parts.netloc:
+        raise ValueError(f"expected s3://BUCKET[/prefix], got {text!r}")
+    return text
+
+
 def _address(value: Any) -> tuple[str, int]:
     host, separator, port = str(value).rpartition(":")
     if not separator or not port.isdigit() or not 0 < int(port) < 65536:
@@ -193,6 +201,20 @@ MOUNT_OPTIONS: tuple[OptionSpec, ...] = (
                "slowest transfer rate, per second, before an S3 data request is abandoned and "
                "retried: a request of N bytes gets --store-timeout + N/RATE seconds "
                "(default 1MiB)", metavar="SIZE"),
+    OptionSpec("cluster_cache", _cluster_url, None,
+               "a bucket of an S3-compatible store inside the cluster (SeaweedFS, MinIO) shared "
+               "by every node as a third tier between the disk tier and the source (default: "
+               "off)", metavar="s3://BUCKET[/PREFIX]"),
+    OptionSpec("cluster_endpoint_url", _endpoint, None,
+               "endpoint of the --cluster-cache store", metavar="URL"),
+    OptionSpec("cluster_profile", _text, None,
+               "AWS profile with the --cluster-cache store's credentials (default: "
+               "AVAFS_CLUSTER_ACCESS_KEY_ID/_SECRET_ACCESS_KEY, else the source's)",
+               metavar="PROFILE"),
+    OptionSpec("cluster_timeout", _timeout, 1.0,
+               "seconds a --cluster-cache request without data may take before the block is "
+               "read from the source instead; a block's transfer gets its time on top "
+               "(default 1)", metavar="SECONDS"),
     OptionSpec("allow_other", _flag, False, "let users other than the mounting one use the mount",
                is_flag=True),
     OptionSpec("uid", _id, None, "owner of files and directories whose object names none "
@@ -248,6 +270,10 @@ class MountOptions:
     region: str | None
     store_timeout: float
     store_min_rate: int
+    cluster_cache: str | None
+    cluster_endpoint_url: str | None
+    cluster_profile: str | None
+    cluster_timeout: float
     allow_other: bool
     uid: int | None
     gid: int | None
@@ -290,4 +316,8 @@ def build_mount_options(sources: dict[str, str], values: dict[str, Any]) -> Moun
                          f"(--block-size {settled['block_size']} bytes)")
     if settled["inflight_memory"] < settled["block_size"]:
         raise AvafsError("invalid --inflight-memory: it must hold at least one block")
+    if not settled["cluster_cache"] and (settled["cluster_endpoint_url"]
+                                         or settled["cluster_profile"]):
+        raise AvafsError("--cluster-endpoint-url and --cluster-profile need --cluster-cache "
+                         "s3://BUCKET[/prefix]")
     return MountOptions(sources=sources, **settled)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..log_format import printable
-from ..metrics import TIERS, Metrics
+from ..metrics import CLUSTER_ERRORS, TIERS, Metrics
 
 if TYPE_CHECKING:
     from ..config.options import MountOptions
@@ -59,11 +59,34 @@ def _store_health(store: ObjectStore) -> dict[str, Any]:
             "last_error": store.last_error}
 
 
+def _cluster_status(filesystem: StatusSource) -> dict[str, Any] | None:
+    """The cluster tier's counters; None for a mount without one."""
+    cluster = filesystem.stack.cluster
+    if cluster is None:
+        return None
+    metrics = filesystem.metrics
+    return {
+        "url": cluster.url,
+        "reachable": cluster.reachable,
+        "last_error": cluster.last_error,
+        "hits": int(metrics.value(metrics.hits, "cluster")),
+        "misses": int(metrics.value(metrics.cluster_misses)),
+        "waits": int(metrics.value(metrics.cluster_waits)),
+        "bytes_read": int(metrics.value(metrics.bytes_served, "cluster")),
+        "fills": int(metrics.value(metrics.cluster_fills)),
+        "bytes_written": int(metrics.value(metrics.cluster_fill_bytes)),
+        "fills_dropped": int(metrics.value(metrics.cluster_fills_dropped)),
+        "fill_queue_bytes": cluster.queued_bytes,
+        "errors": {kind: int(metrics.value(metrics.cluster_errors, kind))
+                   for kind in CLUSTER_ERRORS},
+    }
+
+
 def build_status(filesystem: StatusSource) -> dict[str, Any]:
     metrics = filesystem.metrics
     stack = filesystem.stack
     options = filesystem.options
-    hits = {tier: int(metrics.value(metrics.hits, tier)) for tier in TIERS}
+    hits = {tier: int(metrics.value(metrics.hits, tier)) for tier in (*TIERS, "cluster")}
     misses = int(metrics.value(metrics.misses))
     lookups = sum(hits.values()) + misses
     tiers = {}
@@ -90,10 +113,11 @@ def build_status(filesystem: StatusSource) -> dict[str, Any]:
         "misses": misses,
         "hit_ratio": round(sum(hits.values()) / lookups, 6) if lookups else None,
         "bytes_served": {source: int(metrics.value(metrics.bytes_served, source))
-                         for source in ("ram", "disk", "store")},
+                         for source in ("ram", "disk", "cluster", "store")},
         "store_requests": requests,
         "evictions": {tier: int(metrics.value(metrics.evictions, tier)) for tier in TIERS},
         "dirty": filesystem.dirty_status(),
+        "cluster": _cluster_status(filesystem),
         "stores": {name: _store_health(store) for name, store in filesystem.stores.items()},
         "warmups": [job.as_dict() for job in filesystem.warmups.running()],
         "prefetch": {"queued": filesystem.prefetcher.queued,

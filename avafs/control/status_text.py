@@ -29,13 +29,25 @@ def format_status(status: dict[str, Any]) -> str:
                      f"{format_size(tier['capacity_bytes'])} ({share:.0%}), {tier['files']} of "
                      f"{tier['capacity_files']} blocks, watermarks {tier['low_watermark']:.2f}/"
                      f"{tier['high_watermark']:.2f}")
+    cluster = status["cluster"]
+    if cluster is not None:
+        errors = ", ".join(f"{kind} {count}" for kind, count in cluster["errors"].items())
+        lines.append(f"  cluster tier: {cluster['url']}"
+                     + ("" if cluster["reachable"] else f" UNREACHABLE ({cluster['last_error']})")
+                     + f", {cluster['hits']} hits ({cluster['waits']} after waiting for another "
+                     f"node), {cluster['misses']} misses, read {format_size(cluster['bytes_read'])}"
+                     f", wrote {format_size(cluster['bytes_written'])} in {cluster['fills']} "
+                     f"blocks, {cluster['fills_dropped']} dropped; errors: {errors}")
     ratio = status["hit_ratio"]
+    in_cluster = f", cluster {status['hits']['cluster']}" if cluster is not None else ""
     lines.append(f"  hit ratio: {'n/a' if ratio is None else f'{ratio:.1%}'} (ram "
-                 f"{status['hits']['ram']}, disk {status['hits']['disk']}, store "
+                 f"{status['hits']['ram']}, disk {status['hits']['disk']}{in_cluster}, store "
                  f"{status['misses']} blocks)")
     served = status["bytes_served"]
+    from_cluster = f", cluster {format_size(served['cluster'])}" if cluster is not None else ""
     lines.append(f"  served: ram {format_size(served['ram'])}, disk "
-                 f"{format_size(served['disk'])}, store {format_size(served['store'])}")
+                 f"{format_size(served['disk'])}{from_cluster}, store "
+                 f"{format_size(served['store'])}")
     requests = ", ".join(f"{op} {count}" for op, count in sorted(status["store_requests"].items()))
     lines.append(f"  store requests: {requests or 'none'}")
     dirty = status["dirty"]

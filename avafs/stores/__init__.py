@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
 from ..errors import AvafsError
 from .base import Listing, ObjectInfo, ObjectStore, StoreLimits
 
-__all__ = ["Listing", "ObjectInfo", "ObjectStore", "StoreLimits", "open_store"]
+if TYPE_CHECKING:
+    from .s3.cluster_bucket import ClusterBucket
+
+__all__ = ["Listing", "ObjectInfo", "ObjectStore", "StoreLimits", "open_cluster_bucket",
+           "open_store"]
 
 
 def open_store(url: str, endpoint_url: str | None = None, region: str | None = None,
@@ -31,3 +36,13 @@ def open_store(url: str, endpoint_url: str | None = None, region: str | None = N
                        limits or StoreLimits())
     raise AvafsError(f"unknown scheme in source {url!r}: use s3://bucket[/prefix] or "
                      "file:///absolute/dir")
+
+
+def open_cluster_bucket(url: str, endpoint_url: str | None, profile: str | None,
+                        timeout: float) -> ClusterBucket:
+    """The bucket of `--cluster-cache s3://BUCKET[/prefix]` (stores/s3/cluster_bucket.py)."""
+    try:
+        from .s3.cluster_bucket import open_cluster_bucket as open_bucket
+    except ImportError:
+        raise AvafsError("--cluster-cache needs boto3: pip install 'avafs[s3]'") from None
+    return open_bucket(url, endpoint_url, profile, timeout)

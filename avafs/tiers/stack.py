@@ -13,6 +13,11 @@ have their data, so it never adds to their latency; only a read of a single miss
 which loads it in the reader's own thread or on the FUSE loop, waits for that write too (see
 `read` and `_fetch_small`). A stream hands its blocks' disk writes to writer threads and goes
 on reading its response (see `_write_behind`).
+
+With a cluster tier (`--cluster-cache`, tiers/cluster.py) a block no local tier holds is
+looked for there before the store, and a block read from the store is handed to it to fill;
+both happen only where a block is fetched (`_load`, `_stream`), so the local paths above it
+are unchanged.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import trio
 from ..errors import AvafsError, StoreError
 from ..metrics import Metrics
 from ..objects import BlockId, ObjectRef, block_span
+from .cluster import ClusterTier
 from .disk import DiskTier
 from .ram import RamTier
 from .readahead import ReadAhead
@@ -43,6 +49,10 @@ read, so the bound keeps it well under a millisecond from the page cache or an S
 WRITE_BEHIND_BLOCKS = 8
 """Blocks a stream may have fetched and not yet written to the disk tier; a stream that gets
 this far ahead of the disk waits for it, so the bytes held for writing stay bounded."""
+
+CLUSTER_PIECE = 4
+"""Blocks of a stream looked up in the cluster tier (a GET, a conditional PUT, a GET each)
+before the ones this node claimed are read from the store in one request."""
 
 WRITE_BEHIND_THREADS = 2
 """Disk writes of streamed blocks at a time: a block of 1 MiB or more is a direct write (see
@@ -61,10 +71,12 @@ class Space(NamedTuple):
 
 class TierStack:
     def __init__(self, ram: RamTier, disk: DiskTier, block_size: int, inflight_memory: int,
-                 metrics: Metrics, read_ahead: int) -> None:
-        """`read_ahead`: blocks the first read-ahead stream of an open file asks for."""
+                 metrics: Metrics, read_ahead: int, cluster: ClusterTier | None = None) -> None:
+        """`read_ahead`: blocks the first read-ahead stream of an open file asks for;
+        `cluster`: the shared tier between the disk tier and the store, if any."""
         self.ram = ram
         self.disk = disk
+        self.cluster = cluster
         self.block_size = block_size
         self.metrics = metrics
         self._read_ahead = read_ahead
@@ -187,8 +199,9 @@ class TierStack:
         when the block got cached or began loading meanwhile, or no fetch slot is free: then
         `read`, in a thread, waits for it. The block stays small (INLINE_DISK_READ) because
         its disk write happens on the loop too. A store with no loop client gets the GET in
-        a thread here, the same hop `read` would make."""
-        if not self._is_small(ref):
+        a thread here, the same hop `read` would make. With a cluster tier, whose requests
+        block, None: `read` looks there first, in a thread."""
+        if not self._is_small(ref) or self.cluster is not None:
             return None
         block = ref.block(0)
         if not self._slots.acquire(blocking=False):
@@ -307,6 +320,58 @@ class TierStack:
         return block in self.ram or block in self._loading or block in self.disk
 
     def _stream(self, ref: ObjectRef, run: list[tuple[BlockId, Future[bytes]]]) -> None:
+        try:
+            if self.cluster is None:
+                self._stream_from_store(ref, run)
+            else:
+                self._stream_through_cluster(ref, self.cluster, run)
+        finally:
+            self._slots.release()
+
+    def _stream_through_cluster(self, ref: ObjectRef, cluster: ClusterTier,
+                                run: list[tuple[BlockId, Future[bytes]]]) -> None:
+        """Blocks the cluster tier holds come from it; those this node claims are streamed
+        from the store, a request per unbroken stretch of a piece of CLUSTER_PIECE blocks;
+        then those other nodes claimed are waited for (in this order, so that nodes never
+        wait on each other, see cluster.py). Pieces, not the whole run: the reader of the
+        run's first block waits for the lookups of its piece only."""
+        others: list[tuple[BlockId, Future[bytes]]] = []
+        for first in range(0, len(run), CLUSTER_PIECE):
+            mine: list[tuple[BlockId, Future[bytes]]] = []
+            for block, future in run[first:first + CLUSTER_PIECE]:
+                data, claimed = cluster.get_or_claim(block,
+                                                     self._block_length(ref, block.index))
+                if data is not None:
+                    self._fetched(block, future, data, write_behind=True, source="cluster")
+                else:
+                    (mine if claimed else others).append((block, future))
+            for stretch in _unbroken(mine):
+                self._stream_from_store(ref, stretch)
+            for block, future in mine:
+                if future.exception() is not None:
+                    cluster.release(block)
+        for block, future in others:
+            try:
+                data = cluster.wait_for(block, self._block_length(ref, block.index))
+                source = "cluster"
+                if data is None:
+                    data = self._get_block(ref, block.index)
+                    source = "store"
+            except Exception as problem:  # noqa: BLE001 - delivered to waiting readers
+                future.set_exception(problem)
+                self._done_loading(block)
+                continue
+            self._fetched(block, future, data, write_behind=True, source=source)
+
+    def _block_length(self, ref: ObjectRef, index: int) -> int:
+        return min(self.block_size, ref.size - index * self.block_size)
+
+    def _get_block(self, ref: ObjectRef, index: int) -> bytes:
+        return ref.store.get_range(ref.key, index * self.block_size,
+                                   self._block_length(ref, index), ref.etag)
+
+    def _stream_from_store(self, ref: ObjectRef,
+                           run: list[tuple[BlockId, Future[bytes]]]) -> None:
         start = run[0][0].index * self.block_size
         end = min((run[-1][0].index + 1) * self.block_size, ref.size)
         delivered = 0
@@ -324,23 +389,23 @@ class TierStack:
                             "block by block", ref.key, delivered, len(run), error)
             for block, future in run[delivered:]:
                 try:
-                    start = block.index * self.block_size
-                    data = ref.store.get_range(ref.key, start,
-                                               min(self.block_size, ref.size - start), ref.etag)
+                    data = self._get_block(ref, block.index)
                 except Exception as problem:  # noqa: BLE001 - delivered to waiting readers
                     future.set_exception(problem)
                     self._done_loading(block)
                     continue
                 self._fetched(block, future, data)
-        finally:
-            self._slots.release()
 
     def _fetched(self, block: BlockId, future: Future[bytes], data: bytes,
-                 to_ram: bool = True, write_behind: bool = False) -> None:
-        """A block arrived from the store: readers first, then the disk tier; a load for the
-        disk tier alone is done only once the block is there."""
-        self.metrics.misses.inc()
-        self.metrics.served_from["store"].inc(len(data))
+                 to_ram: bool = True, write_behind: bool = False, source: str = "store") -> None:
+        """A block arrived from the store (or the cluster tier, `source`): readers first,
+        then the disk tier; a load for the disk tier alone is done only once the block is
+        there. A block from the store is handed to the cluster tier to fill."""
+        self.metrics.served_from[source].inc(len(data))
+        if source == "store":
+            self.metrics.misses.inc()
+            if self.cluster is not None:
+                self.cluster.fill(block, data)
         if not to_ram:
             self._to_disk(block, data)
             future.set_result(data)
@@ -376,9 +441,25 @@ class TierStack:
             self._loading.pop(block, None)
 
     def is_cached(self, ref: ObjectRef, index: int, tier: str) -> bool:
-        """Whether a block is already in `tier` ("ram", or "disk", where RAM counts too)."""
+        """Whether a block is already in `tier` ("ram", or "disk", where RAM counts too, or
+        "cluster", which is asked)."""
         block = ref.block(index)
+        if tier == "cluster":
+            return self.cluster is not None and \
+                self.cluster.holds(block, self._block_length(ref, index))
         return block in self.ram or (tier == "disk" and block in self.disk)
+
+    def load_to_cluster(self, ref: ObjectRef, index: int) -> None:
+        """Put one block into the cluster tier alone (`avafs warmup --tier cluster`), read
+        from the store unless the tier holds it intact; in this thread."""
+        if self.cluster is None:
+            raise StoreError("this mount has no cluster tier: mount with --cluster-cache")
+        block = ref.block(index)
+        if self.cluster.holds(block, self._block_length(ref, index)):
+            return
+        data = self._get_block(ref, index)
+        self.metrics.served_from["store"].inc(len(data))
+        self.cluster.fill_now(block, data)
 
     def cached_share(self, refs: list[ObjectRef]) -> float:
         """The share of the objects' blocks that RAM or disk holds, for a reader about to read
@@ -436,10 +517,14 @@ class TierStack:
                 self._admit_to_ram(block, data)
                 future.set_result(data)
                 return
-            start = block.index * self.block_size
-            data = ref.store.get_range(ref.key, start, min(self.block_size, ref.size - start),
-                                       ref.etag)
-            self._fetched(block, future, data, to_ram)
+            if self.cluster is None:
+                data, source = self._get_block(ref, block.index), "store"
+            else:
+                data, from_store = self.cluster.read_through(
+                    block, self._block_length(ref, block.index),
+                    lambda: self._get_block(ref, block.index))
+                source = "store" if from_store else "cluster"
+            self._fetched(block, future, data, to_ram, source=source)
         except BaseException as error:  # noqa: BLE001 - delivered to every waiting reader
             if not future.done():
                 future.set_exception(error)
@@ -481,6 +566,8 @@ class TierStack:
         self._executor.shutdown(wait=True, cancel_futures=True)
         self._writers.shutdown(wait=True)
         self._evictor.join(timeout=5)
+        if self.cluster is not None:
+            self.cluster.close()
         self.disk.close()
 
     def evict(self, source: str, key: str) -> int:
@@ -495,6 +582,18 @@ def _done(data: bytes) -> Future[bytes]:
     future: Future[bytes] = Future()
     future.set_result(data)
     return future
+
+
+def _unbroken(run: list[tuple[BlockId, Future[bytes]]]
+              ) -> list[list[tuple[BlockId, Future[bytes]]]]:
+    """The run cut where its block indices skip."""
+    stretches: list[list[tuple[BlockId, Future[bytes]]]] = []
+    for entry in run:
+        if stretches and stretches[-1][-1][0].index + 1 == entry[0].index:
+            stretches[-1].append(entry)
+        else:
+            stretches.append([entry])
+    return stretches
 
 
 def _read_exactly(body, length: int) -> bytes:

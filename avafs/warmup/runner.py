@@ -103,8 +103,11 @@ class WarmupRunner:
         self.jobs: dict[int, WarmupState] = {}
 
     def start(self, items: list[dict[str, str]], threads: int, tier: str) -> WarmupState:
-        if tier not in ("disk", "ram"):
-            raise AvafsError(f"invalid tier {tier!r}: use disk or ram")
+        if tier not in ("disk", "ram", "cluster"):
+            raise AvafsError(f"invalid tier {tier!r}: use disk, ram or cluster")
+        if tier == "cluster" and self.stack.cluster is None:
+            raise AvafsError("--tier cluster: this mount has no cluster tier (mount it with "
+                             "--cluster-cache s3://BUCKET[/prefix])")
         if threads < 1:
             raise AvafsError("invalid --threads: must be at least 1")
         state = WarmupState(next(self._ids), tier)
@@ -173,6 +176,14 @@ class WarmupRunner:
         targets = expand(self.namespace, items, failures)
         for path, reason in failures:
             self._fail(state, path, reason)
+        if state.tier == "cluster":
+            # Its capacity is the store's: nothing is planned for space, and a block the tier
+            # already holds is skipped as it comes (TierStack.load_to_cluster).
+            state.files_total = len(targets)
+            state.bytes_total = sum(target.ref.size for target in targets)
+            state.state = "running"
+            self._load(state, targets, threads)
+            return
         tier = self.stack.ram if state.tier == "ram" else self.stack.disk
         budget = int(tier.capacity * tier.high_watermark)
         to_load: list[Target] = []
@@ -200,13 +211,18 @@ class WarmupRunner:
 
     def _load(self, state: WarmupState, targets: list[Target], threads: int) -> None:
         to_ram = state.tier == "ram"
+        if state.tier == "cluster":
+            fetch = self.stack.load_to_cluster
+        else:
+            def fetch(ref: ObjectRef, index: int) -> None:
+                self.stack.load(ref, index, to_ram=to_ram)
         remaining = {target.path: self.stack.block_count(target.ref) for target in targets}
         failed: set[str] = set()
         lock = threading.Lock()
 
         def load_block(target: Target, index: int) -> None:
             try:
-                self.stack.load(target.ref, index, to_ram=to_ram)
+                fetch(target.ref, index)
                 error = None
             except Exception as problem:  # noqa: BLE001 - one file's failure is reported
                 error = str(problem) or type(problem).__name__

@@ -105,13 +105,18 @@ def _size_class(size: int) -> int:
 class S3Store(ObjectStore, MultipartUploads):
     def __init__(self, bucket: str, prefix: str, endpoint_url: str | None,
                  region: str | None, max_connections: int = 64,
-                 limits: StoreLimits = _DEFAULT_LIMITS) -> None:
+                 limits: StoreLimits = _DEFAULT_LIMITS,
+                 session: boto3.session.Session | None = None,
+                 attempts: int = _ATTEMPTS) -> None:
+        """`session` carries the credentials (default: the AWS environment and config);
+        `attempts` bounds botocore's tries per request."""
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.url = f"s3://{bucket}/{self.prefix}"
         self.endpoint = _printable_endpoint(endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
                                             or os.environ.get("AWS_ENDPOINT_URL"))
-        self._session = boto3.session.Session()
+        self._session = session or boto3.session.Session()
+        self._attempts = attempts
         self._common = {"endpoint_url": endpoint_url, "region_name": region}
         self._limits = limits
         self._max_connections = max_connections
@@ -134,7 +139,7 @@ class S3Store(ObjectStore, MultipartUploads):
                 client = self._clients.get(slot)
                 if client is None:
                     client = self._clients[slot] = self._session.client("s3", config=Config(
-                        retries={"mode": "standard", "max_attempts": _ATTEMPTS},
+                        retries={"mode": "standard", "max_attempts": self._attempts},
                         connect_timeout=self._limits.timeout,
                         read_timeout=self._limits.for_size(slot),
                         max_pool_connections=self._max_connections, tcp_keepalive=True),

@@ -1,0 +1,116 @@
+"""The cluster cache tier's bucket: an S3-compatible store run inside the cluster (SeaweedFS,
+MinIO, Ceph RGW) that keeps blocks for every node.
+
+It is an S3Store (the same sized clients, timeouts and messages) with credentials of its own,
+so the origin's and the cache's may differ, plus the requests the tier needs beyond an
+ObjectStore's: a whole block with its metadata, a PUT with metadata, a create that succeeds
+only where the key is absent (If-None-Match: *, the store's own arbitration of which node
+fills a block), and the age of a key by the store's clock (nodes' clocks may disagree).
+"""
+
+from __future__ import annotations
+
+import os
+from email.utils import parsedate_to_datetime
+
+import boto3
+import botocore.exceptions
+
+from ...errors import AvafsError
+from ..base import StoreLimits
+from .store import S3Store, _code
+
+ACCESS_KEY_VARIABLE = "AVAFS_CLUSTER_ACCESS_KEY_ID"
+SECRET_KEY_VARIABLE = "AVAFS_CLUSTER_SECRET_ACCESS_KEY"
+TOKEN_VARIABLE = "AVAFS_CLUSTER_SESSION_TOKEN"
+_ABSENT = ("404", "NoSuchKey", "NotFound")
+_TAKEN = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")
+"""A conditional create that lost: the key exists, or another create of it is under way."""
+CLUSTER_MIN_RATE = 16 * 2**20
+"""Slowest transfer per second from the cluster store before a request is abandoned: a store
+on the cluster's own network that falls below this is slower than going to the origin."""
+
+
+def cluster_session(profile: str | None) -> boto3.session.Session:
+    """Credentials for the cache bucket: AVAFS_CLUSTER_ACCESS_KEY_ID and _SECRET_ACCESS_KEY
+    (and _SESSION_TOKEN) from the environment, else the AWS profile `profile`, else the same
+    chain the origin uses (AWS_* variables, ~/.aws, an instance role)."""
+    key = os.environ.get(ACCESS_KEY_VARIABLE)
+    secret = os.environ.get(SECRET_KEY_VARIABLE)
+    if key or secret:
+        if not (key and secret):
+            raise AvafsError(f"{ACCESS_KEY_VARIABLE} and {SECRET_KEY_VARIABLE} go together: "
+                             "set both, or neither to use --cluster-profile")
+        if profile:
+            raise AvafsError(f"both --cluster-profile and {ACCESS_KEY_VARIABLE} are set: "
+                             "keep one")
+        return boto3.session.Session(aws_access_key_id=key, aws_secret_access_key=secret,
+                                     aws_session_token=os.environ.get(TOKEN_VARIABLE))
+    try:
+        return boto3.session.Session(profile_name=profile)
+    except botocore.exceptions.ProfileNotFound:
+        raise AvafsError(f"AWS profile {profile!r} not found: check --cluster-profile and "
+                         "~/.aws/config") from None
+
+
+class ClusterBucket(S3Store):
+    def __init__(self, bucket: str, prefix: str, endpoint_url: str | None,
+                 profile: str | None, limits: StoreLimits) -> None:
+        """One try per request (attempts=1): the tier is a cache, and the origin is the
+        retry of a cache request that failed."""
+        super().__init__(bucket, prefix, endpoint_url, None, max_connections=32, limits=limits,
+                         session=cluster_session(profile), attempts=1)
+
+    def get_object(self, key: str, size: int) -> tuple[bytes, dict[str, str]] | None:
+        """The whole object `key` (expected to be `size` bytes) and its metadata; None if it
+        is absent."""
+        with self._store_errors(f"GET of {key!r}"):
+            try:
+                reply = self._sized(size).get_object(Bucket=self.bucket, Key=self.prefix + key)
+            except botocore.exceptions.ClientError as error:
+                if _code(error) in _ABSENT:
+                    return None
+                raise
+            return reply["Body"].read(), reply.get("Metadata", {})
+
+    def put_object(self, key: str, data: bytes, metadata: dict[str, str]) -> None:
+        with self._store_errors(f"PUT of {key!r}"):
+            self._sized(len(data)).put_object(Bucket=self.bucket, Key=self.prefix + key,
+                                              Body=data, Metadata=metadata)
+
+    def create_if_absent(self, key: str, data: bytes) -> bool:
+        """Create `key` holding `data` only if no object has that key; False if one has. A
+        store that ignores If-None-Match creates it anyway (True for every caller)."""
+        with self._store_errors(f"conditional PUT of {key!r}"):
+            try:
+                self._sized(0).put_object(Bucket=self.bucket, Key=self.prefix + key, Body=data,
+                                          IfNoneMatch="*")
+            except botocore.exceptions.ClientError as error:
+                if _code(error) in _TAKEN:
+                    return False
+                raise
+        return True
+
+    def age(self, key: str) -> float | None:
+        """Seconds since `key` was written, by the store's clock (its Date header against the
+        object's Last-Modified); None if it is absent."""
+        with self._store_errors(f"HEAD of {key!r}"):
+            try:
+                reply = self._sized(0).head_object(Bucket=self.bucket, Key=self.prefix + key)
+            except botocore.exceptions.ClientError as error:
+                if _code(error) in _ABSENT:
+                    return None
+                raise
+        date = reply.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+        if date is None:
+            return 0.0
+        return (parsedate_to_datetime(date) - reply["LastModified"]).total_seconds()
+
+
+def open_cluster_bucket(url: str, endpoint_url: str | None, profile: str | None,
+                        timeout: float) -> ClusterBucket:
+    """The bucket of `--cluster-cache s3://BUCKET[/prefix]`. Its requests get `timeout`
+    seconds plus a block's transfer at the in-cluster rate below."""
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    return ClusterBucket(bucket, prefix, endpoint_url, profile,
+                         StoreLimits(timeout=timeout, min_rate=CLUSTER_MIN_RATE))

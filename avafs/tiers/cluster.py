@@ -1,0 +1,292 @@
+"""The cluster tier: blocks kept in a bucket of an S3-compatible store inside the cluster,
+shared by every node, between the node's disk tier and the source (`--cluster-cache`).
+
+Names. A block is `blocks/<block size>/<h>` where `h` hashes its BlockId (source URL, key,
+ETag, index): a changed object has a new ETag, so its blocks have new names and a stale block
+is never found. Each block carries its length and CRC32 in its metadata; a block that does
+not match them (torn, truncated, overwritten) is a miss, and the next fill replaces it.
+
+Fills. A block read from the source is written here in the background by FILL_THREADS
+threads from a queue bounded in bytes (FILL_MEMORY); a block that does not fit is dropped
+and counted, never waited for: a reader never waits for the cluster store.
+
+Who reads the source. Before reading a missing block from the source a node creates its
+`filling/<block size>/<h>` marker with If-None-Match: *; the store lets one node win. The
+winner reads the source and fills the block, then deletes the marker. The others poll for
+the block while the marker stands, for at most FILL_WAIT seconds, and read the source
+themselves when it does not come: the marker vanished without a block (the fill was
+dropped or failed), or it is older than FILL_WAIT by the store's clock (its node died; a
+stale marker is deleted so the next claim succeeds). A node claims every block of a run
+before it reads any and waits for other nodes' blocks only after reading its own, so two
+nodes that claimed parts of one run never wait on each other.
+
+Failure. The tier is a cache: a request that fails (after one try, with `--cluster-timeout`)
+sends the block to the source and turns the tier off for PAUSE_AFTER_ERROR seconds, so a store
+that is down costs one timeout per pause, not one per block.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import socket
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..errors import StoreError
+from ..metrics import Metrics
+from ..objects import BlockId
+
+if TYPE_CHECKING:  # boto3 is optional, and only a mount with a cluster tier needs it
+    from ..stores.s3.cluster_bucket import ClusterBucket
+
+log = logging.getLogger(__name__)
+
+FILL_MEMORY = 64 * 2**20
+"""Bytes of blocks waiting to be written to the cluster store; more are dropped."""
+FILL_THREADS = 2
+FILL_WAIT = 10.0
+"""Longest wait for a block another node is filling, and the age past which its marker is
+taken for the mark of a node that died."""
+PAUSE_AFTER_ERROR = 5.0
+_FIRST_POLL = 0.02
+_LAST_POLL = 0.2
+_SIZE = "avafs-size"
+_CRC = "avafs-crc32"
+
+
+class ClusterTier:
+    name = "cluster"
+
+    def __init__(self, bucket: ClusterBucket, block_size: int, metrics: Metrics,
+                 fill_memory: int = FILL_MEMORY, fill_wait: float = FILL_WAIT) -> None:
+        self.bucket = bucket
+        self.url = bucket.url
+        self.block_size = block_size
+        self.metrics = metrics
+        self.fill_memory = fill_memory
+        self.fill_wait = fill_wait
+        self._node = socket.gethostname().encode() or b"avafs"
+        self._lock = threading.Lock()
+        self._claimed: set[BlockId] = set()
+        self._queued_bytes = 0
+        self._fills: queue.Queue[tuple[BlockId, bytes | None] | None] = queue.Queue()
+        self._down_until = 0.0
+        self.last_error: str | None = None
+        metrics.cluster_fill_queue.set_function(lambda: self.queued_bytes)
+        self._threads = [threading.Thread(target=self._fill_in_background, daemon=True,
+                                          name=f"avafs-cluster-fill-{number}")
+                         for number in range(FILL_THREADS)]
+        for thread in self._threads:
+            thread.start()
+
+    def _name(self, block: BlockId) -> str:
+        return f"{self.block_size}/{block.file_name()}"
+
+    def block_key(self, block: BlockId) -> str:
+        return f"blocks/{self._name(block)}"
+
+    def marker_key(self, block: BlockId) -> str:
+        return f"filling/{self._name(block)}"
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes of blocks waiting to be written."""
+        return self._queued_bytes
+
+    @property
+    def busy(self) -> bool:
+        """Whether fills are queued or claims held (what `close` would still finish)."""
+        with self._lock:
+            return bool(self._queued_bytes or self._claimed)
+
+    @property
+    def reachable(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    def _failed(self, kind: str, error: StoreError) -> None:
+        """Count a failed request; one that may pass turns the tier off for a while."""
+        self.metrics.cluster_errors.labels(kind).inc()
+        self.last_error = str(error)
+        if not error.permanent:
+            if self.reachable:
+                log.warning("cluster tier: %s; reading from the source for %.0f s", error,
+                            PAUSE_AFTER_ERROR)
+            self._down_until = time.monotonic() + PAUSE_AFTER_ERROR
+        else:
+            log.warning("cluster tier: %s", error)
+
+    # --- reads -----------------------------------------------------------------------------
+
+    def get(self, block: BlockId, size: int) -> bytes | None:
+        """The block's `size` bytes if the tier holds them intact; else None. A miss is
+        counted when the block read from the source instead is handed to `fill`."""
+        data = self._get(block, size)
+        if data is not None:
+            self.metrics.tier_hits["cluster"].inc()
+        return data
+
+    def _get(self, block: BlockId, size: int) -> bytes | None:
+        if not self.reachable:
+            return None
+        try:
+            found = self.bucket.get_object(self.block_key(block), size)
+        except StoreError as error:
+            self._failed("get", error)
+            return None
+        if found is None:
+            return None
+        data, metadata = found
+        if (len(data) != size or metadata.get(_SIZE) != str(size)
+                or metadata.get(_CRC) != f"{zlib.crc32(data):08x}"):
+            self.metrics.cluster_errors.labels("corrupt").inc()
+            log.warning("cluster tier: block %d of %s is damaged (%d bytes, %d expected); "
+                        "reading it from the source", block.index, block.key, len(data), size)
+            return None
+        return data
+
+    def claim(self, block: BlockId) -> bool:
+        """Whether this node is to read the block from the source: it created the block's
+        marker, or the tier is off; False while another node is filling it (`wait_for`)."""
+        if not self.reachable:
+            return True
+        try:
+            won = self.bucket.create_if_absent(self.marker_key(block), self._node)
+        except StoreError as error:
+            self._failed("claim", error)
+            return True
+        if won:
+            with self._lock:
+                self._claimed.add(block)
+        return won
+
+    def get_or_claim(self, block: BlockId, size: int) -> tuple[bytes | None, bool]:
+        """The block if the tier holds it; else whether this node is to read it from the
+        source (`claim`). A won claim looks once more: the node that filled the block may
+        have removed its marker between this node's look and its claim."""
+        data = self.get(block, size)
+        if data is not None or not self.claim(block):
+            return data, False
+        data = self.get(block, size)
+        if data is not None:
+            self.release(block)
+        return data, data is None
+
+    def wait_for(self, block: BlockId, size: int) -> bytes | None:
+        """The block once the node that claimed it has filled it; None when it will not come
+        (see the module docstring), and the caller reads the source."""
+        deadline = time.monotonic() + self.fill_wait
+        pause = _FIRST_POLL
+        while self.reachable:
+            try:
+                age = self.bucket.age(self.marker_key(block))
+            except StoreError as error:
+                self._failed("get", error)
+                break
+            data = self._get(block, size)
+            if data is not None:
+                self.metrics.tier_hits["cluster"].inc()
+                self.metrics.cluster_waits.inc()
+                return data
+            if age is None:
+                break
+            if age > self.fill_wait:
+                self._delete_marker(block)
+                break
+            if time.monotonic() + pause > deadline:
+                break
+            time.sleep(pause)
+            pause = min(pause * 2, _LAST_POLL)
+        return None
+
+    def read_through(self, block: BlockId, size: int, read_source: Callable[[], bytes]
+                     ) -> tuple[bytes, bool]:
+        """The block from this tier, else from `read_source` (then filled behind by the
+        caller, see `fill`); and whether the source was read."""
+        data, claimed = self.get_or_claim(block, size)
+        if data is None and not claimed:
+            data = self.wait_for(block, size)
+        if data is not None:
+            return data, False
+        try:
+            return read_source(), True
+        except BaseException:
+            self.release(block)
+            raise
+
+    # --- fills -----------------------------------------------------------------------------
+
+    def fill(self, block: BlockId, data: bytes) -> None:
+        """Write a block read from the source (a miss of this tier), in the background;
+        dropped (and counted) when the queue holds FILL_MEMORY bytes or the tier is off."""
+        self.metrics.cluster_misses.inc()
+        with self._lock:
+            admitted = self.reachable and self._queued_bytes + len(data) <= self.fill_memory
+            if admitted:
+                self._queued_bytes += len(data)
+        if admitted:
+            self._fills.put((block, data))
+            return
+        self.metrics.cluster_fills_dropped.inc()
+        self.release(block)
+
+    def release(self, block: BlockId) -> None:
+        """Give up a claim without filling the block: its marker goes, so the nodes waiting
+        for it read the source now instead of after FILL_WAIT."""
+        with self._lock:
+            if block not in self._claimed:
+                return
+        self._fills.put((block, None))
+
+    def fill_now(self, block: BlockId, data: bytes) -> None:
+        """Write a block in this thread (warmup); raises StoreError when the store fails."""
+        self.bucket.put_object(self.block_key(block), data,
+                               {_SIZE: str(len(data)), _CRC: f"{zlib.crc32(data):08x}"})
+        self.metrics.cluster_fills.inc()
+        self.metrics.cluster_fill_bytes.inc(len(data))
+
+    def holds(self, block: BlockId, size: int) -> bool:
+        """Whether the tier holds the block intact (warmup's check; reads it)."""
+        return self._get(block, size) is not None
+
+    def _fill_in_background(self) -> None:
+        while (item := self._fills.get()) is not None:
+            block, data = item
+            try:
+                if data is not None:
+                    try:
+                        if self.reachable:
+                            self.fill_now(block, data)
+                        else:
+                            self.metrics.cluster_fills_dropped.inc()
+                    except StoreError as error:
+                        self._failed("put", error)
+                    finally:
+                        with self._lock:
+                            self._queued_bytes -= len(data)
+                with self._lock:
+                    mine = block in self._claimed
+                    self._claimed.discard(block)
+                if mine:
+                    self._delete_marker(block)
+            except Exception:  # noqa: BLE001 - a fill thread must outlive any one block
+                log.exception("cluster tier: filling block %d of %s failed", block.index,
+                              block.key)
+
+    def _delete_marker(self, block: BlockId) -> None:
+        if not self.reachable:
+            return
+        try:
+            self.bucket.delete(self.marker_key(block))
+        except StoreError as error:
+            self._failed("claim", error)
+
+    def close(self) -> None:
+        """Write what is queued (each write bounded by the store's timeouts), then stop."""
+        for _ in self._threads:
+            self._fills.put(None)
+        for thread in self._threads:
+            thread.join()

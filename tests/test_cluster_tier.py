@@ -1,0 +1,251 @@
+"""The cluster tier (tiers/cluster.py) on a real SeaweedFS cluster, under TierStacks of their
+own over one file:// origin: each stack stands for one node.
+
+What is pinned down: a block one node read is served to another without the origin; a changed
+object gets new blocks; a damaged or truncated block is a miss and is refilled; fills never
+block a reader and are dropped (counted) past their memory bound; the filling marker makes a
+second node wait for the first instead of reading the origin, and a dead node's marker stops
+counting; a store that is down or loses a volume server costs no read.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from seaweed import SeaweedCluster
+
+from avafs.metrics import Metrics
+from avafs.objects import ObjectRef
+from avafs.stores.instrumented import InstrumentedStore
+from avafs.stores.local import LocalStore
+from avafs.stores.s3.cluster_bucket import ClusterBucket, open_cluster_bucket
+from avafs.tiers.cluster import ClusterTier
+from avafs.tiers.disk import DiskTier
+from avafs.tiers.ram import RamTier
+from avafs.tiers.stack import CLUSTER_PIECE, TierStack
+
+BLOCK = 256 * 1024
+BLOCKS = 6
+CACHE = "avafs-cache"
+
+
+@pytest.fixture(scope="module")
+def seaweed(tmp_path_factory) -> Iterator[SeaweedCluster]:
+    """One cluster for the module (each test uses a prefix of its own): starting one takes
+    seconds on a loaded machine."""
+    cluster = SeaweedCluster(tmp_path_factory.mktemp("seaweed"), volume_servers=2,
+                             replication="001")
+    cluster.start()
+    cluster.client().create_bucket(Bucket=CACHE)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def cluster_env(monkeypatch) -> None:
+    monkeypatch.setenv("AVAFS_CLUSTER_ACCESS_KEY_ID", "seaweed")
+    monkeypatch.setenv("AVAFS_CLUSTER_SECRET_ACCESS_KEY", "seaweed-secret")
+
+
+class Node:
+    """A TierStack with RAM, disk and cluster tiers over the shared origin."""
+
+    def __init__(self, root: Path, origin: Path, bucket: ClusterBucket, **tier_args) -> None:
+        self.metrics = Metrics()
+        self.cluster = ClusterTier(bucket, BLOCK, self.metrics, **tier_args)
+        self.stack = TierStack(RamTier(64 * BLOCK, 1000, 0.9, 0.7),
+                               DiskTier(root, 64 * BLOCK, 1000, 0.9, 0.7), BLOCK, 8 * BLOCK,
+                               self.metrics, self.cluster)
+        self.store = InstrumentedStore(LocalStore(origin), self.metrics)
+
+    def ref(self, key: str) -> ObjectRef:
+        info = self.store.head(key)
+        return ObjectRef(self.store.url, self.store, key, info.etag, info.size)
+
+    def origin_gets(self) -> int:
+        return int(self.metrics.value(self.metrics.store_requests, "get"))
+
+    def count(self, name: str, *labels: str) -> int:
+        return int(self.metrics.value(getattr(self.metrics, name), *labels))
+
+    def drain(self) -> None:
+        deadline = time.monotonic() + 20
+        while self.cluster.busy:
+            assert time.monotonic() < deadline, "cluster fills did not finish"
+            time.sleep(0.02)
+
+
+@pytest.fixture
+def nodes(tmp_path, seaweed, cluster_env) -> Iterator:
+    origin = tmp_path / "origin"
+    origin.mkdir()
+    made: list[Node] = []
+    prefix = tmp_path.name
+
+    def make(endpoint: str | None = None, timeout: float = 2.0, **tier_args) -> Node:
+        bucket = open_cluster_bucket(f"s3://{CACHE}/{prefix}", endpoint or seaweed.endpoint,
+                                     None, timeout)
+        node = Node(tmp_path / f"disk{len(made)}", origin, bucket, **tier_args)
+        made.append(node)
+        return node
+
+    make.origin = origin
+    yield make
+    for node in made:
+        node.stack.close()
+
+
+def test_a_block_read_by_one_node_is_served_to_another_and_a_changed_object_is_not(nodes):
+    data = os.urandom(BLOCKS * BLOCK - 1000)
+    (nodes.origin / "data").write_bytes(data)
+    first, second = nodes(), nodes()
+    assert first.stack.read(first.ref("data"), 0, len(data)) == data
+    assert first.origin_gets() == BLOCKS
+    first.drain()
+    assert first.count("cluster_fills") == BLOCKS
+    assert first.count("cluster_misses") == BLOCKS
+
+    assert second.stack.read(second.ref("data"), 0, len(data)) == data
+    assert second.origin_gets() == 0
+    assert second.count("hits", "cluster") == BLOCKS
+    assert second.metrics.value(second.metrics.bytes_served, "cluster") == len(data)
+
+    changed = os.urandom(len(data))
+    (nodes.origin / "data").write_bytes(changed)
+    os.utime(nodes.origin / "data", (1, 1))
+    third = nodes()
+    assert third.stack.read(third.ref("data"), 0, len(data)) == changed
+    assert third.origin_gets() == BLOCKS
+
+
+def test_streamed_runs_go_through_the_cluster_tier(nodes):
+    data = os.urandom(BLOCKS * BLOCK)
+    (nodes.origin / "big").write_bytes(data)
+    first, second = nodes(), nodes()
+    for node in (first, second):
+        ref = node.ref("big")
+        assert node.stack.stream(ref, 0, BLOCKS) == BLOCKS
+        assert node.stack.read(ref, 0, len(data)) == data
+        node.drain()
+    assert first.count("cluster_fills") == BLOCKS
+    assert first.origin_gets() == -(-BLOCKS // CLUSTER_PIECE), "one streaming GET a piece"
+    assert second.origin_gets() == 0
+    assert second.count("hits", "cluster") == BLOCKS
+
+
+@pytest.mark.parametrize("damage", ["flipped", "truncated"])
+def test_a_damaged_block_is_a_miss_and_is_refilled(nodes, seaweed, damage):
+    data = os.urandom(BLOCK)
+    (nodes.origin / "one").write_bytes(data)
+    first = nodes()
+    ref = first.ref("one")
+    first.stack.read(ref, 0, BLOCK)
+    first.drain()
+    client = seaweed.client()
+    key = first.cluster.bucket.prefix + first.cluster.block_key(ref.block(0))
+    stored = client.get_object(Bucket=CACHE, Key=key)
+    body = stored["Body"].read()
+    bad = body[:100] + bytes([body[100] ^ 1]) + body[101:] if damage == "flipped" else body[:-7]
+    client.put_object(Bucket=CACHE, Key=key, Body=bad, Metadata=stored["Metadata"])
+
+    second = nodes()
+    assert second.stack.read(second.ref("one"), 0, BLOCK) == data
+    assert second.origin_gets() == 1
+    assert second.count("cluster_errors", "corrupt") >= 1  # each look counts it
+    second.drain()
+    third = nodes()
+    assert third.stack.read(third.ref("one"), 0, BLOCK) == data
+    assert third.origin_gets() == 0
+
+
+def test_fills_never_block_and_are_dropped_past_their_memory(nodes, seaweed):
+    (nodes.origin / "many").write_bytes(os.urandom(10 * BLOCK))
+    node = nodes(fill_memory=2 * BLOCK, timeout=20.0)
+    ref = node.ref("many")
+    gateway = seaweed.s3.process
+    gateway.send_signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        for index in range(10):
+            node.cluster.fill(ref.block(index), os.urandom(BLOCK))
+        assert time.monotonic() - started < 0.5
+        assert node.count("cluster_fills_dropped") == 8
+        assert node.cluster.queued_bytes == 2 * BLOCK
+    finally:
+        gateway.send_signal(signal.SIGCONT)
+    node.drain()
+    assert node.count("cluster_fills") == 2
+
+
+def test_a_second_node_waits_for_the_block_the_first_claimed(nodes):
+    data = os.urandom(BLOCK)
+    (nodes.origin / "shared").write_bytes(data)
+    first, second = nodes(), nodes()
+    block = first.ref("shared").block(0)
+    assert first.cluster.claim(block)
+    assert not second.cluster.claim(block)
+
+    def fill_later() -> None:
+        time.sleep(0.3)
+        first.cluster.fill(block, data)
+
+    threading.Thread(target=fill_later).start()
+    assert second.stack.read(second.ref("shared"), 0, BLOCK) == data
+    assert second.origin_gets() == 0
+    assert second.count("cluster_waits") == 1
+    first.drain()
+    assert first.cluster.claim(block), "the filler removed its marker"
+
+
+def test_the_marker_of_a_node_that_died_stops_counting(nodes):
+    data = os.urandom(BLOCK)
+    (nodes.origin / "orphan").write_bytes(data)
+    dead, alive = nodes(), nodes(fill_wait=1.0)
+    assert dead.cluster.claim(dead.ref("orphan").block(0))
+    time.sleep(2.1)  # the store's clock has whole seconds
+    started = time.monotonic()
+    assert alive.stack.read(alive.ref("orphan"), 0, BLOCK) == data
+    assert time.monotonic() - started < 1.0
+    assert alive.origin_gets() == 1
+    alive.drain()
+    assert alive.cluster.claim(alive.ref("orphan").block(0)), "the stale marker was removed"
+
+
+def test_a_store_that_is_down_costs_no_read(nodes):
+    from seaweed import free_ports
+
+    data = os.urandom(BLOCKS * BLOCK)
+    (nodes.origin / "data").write_bytes(data)
+    (nodes.origin / "more").write_bytes(data)
+    node = nodes(endpoint=f"http://127.0.0.1:{free_ports(1)[0]}", timeout=0.5)
+    started = time.monotonic()
+    assert node.stack.read(node.ref("data"), 0, len(data)) == data
+    assert time.monotonic() - started < 5
+    assert not node.cluster.reachable
+    failures = node.count("cluster_errors", "get")
+    assert 1 <= failures <= BLOCKS, "one failure per block already asking, at most"
+    assert node.stack.read(node.ref("more"), 0, len(data)) == data
+    assert node.count("cluster_errors", "get") == failures, "the tier is paused"
+    assert node.origin_gets() == 2 * BLOCKS
+    assert node.count("cluster_fills_dropped") == 2 * BLOCKS
+
+
+def test_a_killed_volume_server_loses_no_block(nodes, seaweed):
+    data = os.urandom(BLOCKS * BLOCK)
+    (nodes.origin / "kept").write_bytes(data)
+    first = nodes()
+    first.stack.read(first.ref("kept"), 0, len(data))
+    first.drain()
+    seaweed.kill_volume(0)
+    try:
+        second = nodes()
+        assert second.stack.read(second.ref("kept"), 0, len(data)) == data
+        assert second.origin_gets() == 0
+    finally:
+        seaweed.restart_volume(0)
