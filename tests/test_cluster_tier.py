@@ -61,7 +61,7 @@ class Node:
         self.cluster = ClusterTier(bucket, BLOCK, self.metrics, **tier_args)
         self.stack = TierStack(RamTier(64 * BLOCK, 1000, 0.9, 0.7),
                                DiskTier(root, 64 * BLOCK, 1000, 0.9, 0.7), BLOCK, 8 * BLOCK,
-                               self.metrics, self.cluster)
+                               self.metrics, read_ahead=8, cluster=self.cluster)
         self.store = InstrumentedStore(LocalStore(origin), self.metrics)
 
     def ref(self, key: str) -> ObjectRef:
