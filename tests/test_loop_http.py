@@ -1,5 +1,6 @@
-"""The FUSE loop's own HTTP client against real servers on loopback: keep-alive, a pooled
-connection the server closed meanwhile, `Connection: close`, timeouts, oversize bodies, TLS."""
+"""The FUSE loop's HTTP client (httpcore's pool on trio) against real servers on loopback:
+keep-alive, a pooled connection the server closed meanwhile, `Connection: close`, timeouts,
+oversize bodies, TLS, a second trio run."""
 
 from __future__ import annotations
 
@@ -101,6 +102,16 @@ def test_a_pooled_connection_the_server_closed_is_replaced(server):
     assert [reply.body for reply in replies] == [BODY] * 3
     assert server.connections == 3
     assert len(server.requests) == 3, "each GET reached the server once"
+
+
+def test_a_new_trio_run_opens_new_connections(server):
+    """Sockets belong to the run that opened them: the second run cannot reuse the first's."""
+    client = _client()
+
+    first, second = _gets(client, _url(server), 2), _gets(client, _url(server), 2)
+
+    assert [reply.body for reply in first + second] == [BODY] * 4
+    assert server.connections == 2
 
 
 def test_connection_close_is_not_pooled(server):

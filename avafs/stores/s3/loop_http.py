@@ -1,33 +1,30 @@
-"""HTTP/1.1 GETs sent on the trio loop that serves FUSE, over a keep-alive pool of its own.
+"""HTTP/1.1 GETs sent on the trio loop that serves FUSE, over httpcore's keep-alive pool.
 
 Why: a cold small file's READ waits on exactly one GET. Sent from a worker thread, that GET
 costs a thread hop there and back and, with eight readers, a fight for the GIL at every
-socket call (173 futex calls per file in `strace -c` of the daemon); sent on the loop, the
-wait is an epoll registration (726 futex calls for 1000 files). By hand (1000 x 100 KiB, 8
-readers, moto on loopback, old and new code in turn, 5 rounds): 0.95x -> 1.19x the direct
-parallel download, daemon CPU 2.01 -> 1.85 s per 1000 files. h11 frames the messages; this
-module owns the sockets, the pool and the timeouts, and gives up (returns None) on anything
-unexpected, so the caller sends the request again through the thread path, which owns
-retries and error reporting.
+socket call; sent on the loop, the wait is an epoll registration. httpcore owns the
+connections, the pool and the framing (on trio's own sockets); this module adds the limits
+of `StoreLimits` (through the caller's timeouts), a cap on the body, and gives up (returns
+None) on anything unexpected, so the caller sends the request again through the thread path,
+which owns retries and error reporting.
+
+A pool belongs to the trio run that opened its connections: a new run gets a new pool.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ssl
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
-import h11
+import httpcore
 import trio
 
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-_RECEIVE_SIZE = 256 * 1024
-_FAILURES = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError,
-             h11.ProtocolError)
-"""A connection that failed in one of these ways is closed and the request given up on."""
-
-Origin = tuple[str, str, int]
+_BROKEN = (httpcore.NetworkError, httpcore.RemoteProtocolError)
+"""The connection broke: most often a kept-alive one the server closed just as it was
+reused, so the GET is sent once more (as urllib3 does)."""
+_FAILURES = (*_BROKEN, httpcore.TimeoutException, httpcore.ProtocolError,
+             httpcore.UnsupportedProtocol)
+"""A GET that failed in one of these ways is given up on (its connection is closed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,142 +39,60 @@ class _TooLong(Exception):
     """The body is longer than the caller asked for: not the answer expected."""
 
 
-class _Connection:
-    def __init__(self, stream: trio.abc.Stream) -> None:
-        self.stream = stream
-        self.protocol = h11.Connection(h11.CLIENT)
-
-    def close_now(self) -> None:
-        """Close without awaiting (a TLS close_notify is not owed to a failed peer)."""
-        stream = self.stream
-        while isinstance(stream, trio.SSLStream):
-            stream = stream.transport_stream
-        stream.socket.close()
-
-
 class LoopHttp:
     def __init__(self, ssl_context: ssl.SSLContext, connect_timeout: float,
                  read_timeout: float, max_idle: int) -> None:
+        """`read_timeout` bounds each wait for the server, to send or to receive; at most
+        `max_idle` connections are kept open between requests (in flight, any number)."""
         self._ssl_context = ssl_context
-        self._connect_timeout = connect_timeout
-        self._read_timeout = read_timeout
         self._max_idle = max_idle
-        self._idle: dict[Origin, list[_Connection]] = {}
-        self._idle_count = 0
-        self._run: object | None = None
+        self._timeouts = {"connect": connect_timeout, "read": read_timeout,
+                          "write": read_timeout, "pool": connect_timeout}
+        self._pool: httpcore.AsyncConnectionPool | None = None
+        self._run: trio.lowlevel.TrioToken | None = None
 
     async def get(self, url: str, headers: dict[str, str], max_body: int) -> Reply | None:
         """GET `url` with `headers` (a Host header is added unless given); None if the
-        connection failed, timed out, or the body was longer than `max_body`. A GET that
-        fails on a kept-alive connection (most often one the server has closed meanwhile) is
-        sent once more on a new one, as urllib3 does."""
-        self._forget_other_runs()
-        parts = urlsplit(url)
-        if parts.scheme not in _DEFAULT_PORTS or not parts.hostname:
-            return None
-        origin = (parts.scheme, parts.hostname, parts.port or _DEFAULT_PORTS[parts.scheme])
-        target = parts.path + (f"?{parts.query}" if parts.query else "")
-        fields = list(headers.items())
-        if not any(name.lower() == "host" for name, _ in fields):
-            fields.insert(0, ("Host", _host_header(origin)))
-        request = h11.Request(method="GET", target=target or "/", headers=fields)
-        connection = self._take_idle(origin)
-        if connection is not None:
-            reply = await self._exchange(origin, connection, request, max_body)
-            if reply is not None:
-                return reply
-        try:
-            connection = await self._connect(origin)
-        except _FAILURES:
-            return None
-        return await self._exchange(origin, connection, request, max_body)
+        connection failed, timed out, or the body was longer than `max_body`."""
+        pool = self._pool_of_this_run()
+        for attempt in range(2):
+            try:
+                return await self._exchange(pool, url, headers, max_body)
+            except _BROKEN:
+                if attempt:
+                    return None
+            except (*_FAILURES, _TooLong):
+                return None
+        raise AssertionError("unreachable")
 
-    async def _connect(self, origin: Origin) -> _Connection:
-        scheme, host, port = origin
-        with trio.fail_after(self._connect_timeout):
-            stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
-            if scheme == "https":
-                stream = trio.SSLStream(stream, self._ssl_context, server_hostname=host,
-                                        https_compatible=True)
-                try:
-                    await stream.do_handshake()
-                except BaseException:
-                    await trio.aclose_forcefully(stream)
-                    raise
-        return _Connection(stream)
-
-    async def _exchange(self, origin: Origin, connection: _Connection, request: h11.Request,
-                        max_body: int) -> Reply | None:
-        """One request and its whole answer, the connection then pooled or closed; None (and
-        the connection closed) on failure."""
-        protocol = connection.protocol
-        try:
-            with trio.fail_after(self._read_timeout):
-                await connection.stream.send_all(protocol.send(request)
-                                                 + protocol.send(h11.EndOfMessage()))
-            response: h11.Response | None = None
-            body: list[bytes] = []
+    async def _exchange(self, pool: httpcore.AsyncConnectionPool, url: str,
+                        headers: dict[str, str], max_body: int) -> Reply:
+        """One request and its whole answer; a response left unread closes its
+        connection, a whole one hands it back to the pool."""
+        async with pool.stream("GET", url, headers=list(headers.items()),
+                               extensions={"timeout": self._timeouts}) as response:
+            fields = {name.decode("latin-1").lower(): value.decode("latin-1")
+                      for name, value in response.headers}
+            if int(fields.get("content-length", 0)) > max_body:
+                raise _TooLong()
+            chunks: list[bytes] = []
             received = 0
-            while True:
-                event = protocol.next_event()
-                if event is h11.NEED_DATA:
-                    with trio.fail_after(self._read_timeout):
-                        data = await connection.stream.receive_some(_RECEIVE_SIZE)
-                    protocol.receive_data(data)
-                elif isinstance(event, h11.Response):
-                    response = event
-                elif isinstance(event, h11.Data):
-                    received += len(event.data)
-                    if received > max_body:
-                        raise _TooLong()
-                    body.append(bytes(event.data))
-                elif isinstance(event, h11.EndOfMessage):
-                    break
-                elif isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
-                    raise trio.BrokenResourceError("the server closed the connection")
-        except (*_FAILURES, _TooLong):
-            connection.close_now()
-            return None
-        self._keep_or_close(origin, connection)
-        return Reply(response.status_code,
-                     {name.decode("latin-1"): value.decode("latin-1")
-                      for name, value in response.headers},
-                     body[0] if len(body) == 1 else b"".join(body))
+            async for chunk in response.aiter_stream():
+                received += len(chunk)
+                if received > max_body:
+                    raise _TooLong()
+                chunks.append(chunk)
+        return Reply(response.status, fields,
+                     chunks[0] if len(chunks) == 1 else b"".join(chunks))
 
-    def _take_idle(self, origin: Origin) -> _Connection | None:
-        idle = self._idle.get(origin)
-        if not idle:
-            return None
-        self._idle_count -= 1
-        return idle.pop()
-
-    def _keep_or_close(self, origin: Origin, connection: _Connection) -> None:
-        """Pooled if both sides may go on (the server did not say `Connection: close`)."""
-        protocol = connection.protocol
-        if protocol.our_state is h11.DONE and protocol.their_state is h11.DONE and \
-                self._idle_count < self._max_idle:
-            protocol.start_next_cycle()
-            self._idle.setdefault(origin, []).append(connection)
-            self._idle_count += 1
-        else:
-            connection.close_now()
-
-    def _forget_other_runs(self) -> None:
-        """Streams belong to the trio run that opened them; a new run starts a new pool."""
+    def _pool_of_this_run(self) -> httpcore.AsyncConnectionPool:
+        """Connections belong to the trio run that opened them; one of another run is
+        dropped unclosed (closing it needs that run)."""
         run = trio.lowlevel.current_trio_token()
-        if run is self._run:
-            return
-        for idle in self._idle.values():
-            for connection in idle:
-                with contextlib.suppress(OSError):
-                    connection.close_now()
-        self._idle.clear()
-        self._idle_count = 0
-        self._run = run
-
-
-def _host_header(origin: Origin) -> str:
-    """As SigV4 signs it: the port only when it is not the scheme's default."""
-    scheme, host, port = origin
-    name = f"[{host}]" if ":" in host else host
-    return name if port == _DEFAULT_PORTS[scheme] else f"{name}:{port}"
+        if self._pool is None or run is not self._run:
+            self._pool = httpcore.AsyncConnectionPool(
+                ssl_context=self._ssl_context, max_connections=None,
+                max_keepalive_connections=self._max_idle,
+                network_backend=httpcore.TrioBackend())
+            self._run = run
+        return self._pool
