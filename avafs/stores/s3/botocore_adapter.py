@@ -5,12 +5,8 @@ What it reaches into, and why:
   a request signed here goes out over the client's own connection pool, so it shares the
   client's keep-alive connections, proxies, CA bundle and timeouts instead of opening a pool
   of its own.
-- that session's `_verify`, `_cert_file` and `_proxy_config` (with `proxy_url_for`): the loop
-  client must verify TLS as the boto3 client does, and stand aside where the client uses a
-  proxy or a client certificate.
-- `botocore.auth.S3SigV4Auth`, `botocore.awsrequest.AWSRequest` and
-  `botocore.httpsession.get_cert_path`, public names in modules boto3 does not document: the
-  signer, the request it signs, and the CA bundle the session resolves.
+- `botocore.auth.S3SigV4Auth` and `botocore.awsrequest.AWSRequest`, public names in modules
+  boto3 does not document: the signer and the request it signs.
 - the `AWSResponse` that `send` returns: `status_code`, `headers`, `content`, and `raw`, the
   urllib3 response read as a stream.
 
@@ -24,24 +20,10 @@ that changed shape fails there by name before any user sees the warning.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
-from botocore.httpsession import get_cert_path
-
-_SESSION_ATTRIBUTES = ("_verify", "_cert_file", "_proxy_config")
-
-
-@dataclass(frozen=True, slots=True)
-class SessionTls:
-    """How the client's HTTP session reaches the store."""
-
-    ca_bundle: str | None
-    """A CA file or directory; None for the system's."""
-    verify: bool
-    uses_proxy_or_client_cert: bool
 
 
 def moved_internals(client: Any) -> list[str]:
@@ -53,12 +35,9 @@ def moved_internals(client: Any) -> list[str]:
     session = getattr(endpoint, "http_session", None)
     if session is None:
         return ["client._endpoint.http_session"]
-    moved = [f"client._endpoint.http_session.{name}" for name in ("send", *_SESSION_ATTRIBUTES)
-             if not hasattr(session, name)]
-    proxies = getattr(session, "_proxy_config", None)
-    if proxies is not None and not callable(getattr(proxies, "proxy_url_for", None)):
-        moved.append("client._endpoint.http_session._proxy_config.proxy_url_for")
-    return moved
+    if not callable(getattr(session, "send", None)):
+        return ["client._endpoint.http_session.send"]
+    return []
 
 
 def signed(method: str, url: str, headers: dict[str, str], credentials: Any, region: str,
@@ -78,14 +57,3 @@ def send(client: Any, prepared: Any) -> Any:
     """Send over the client's own HTTP session: an `AWSResponse`. Raises what botocore
     raises for a failed transport (`BotoCoreError`)."""
     return client._endpoint.http_session.send(prepared)
-
-
-def session_tls(client: Any) -> SessionTls:
-    """The TLS and proxy settings of the client's HTTP session."""
-    session = client._endpoint.http_session
-    proxies = session._proxy_config
-    uses_proxy = any(proxies.proxy_url_for(f"{scheme}://host") for scheme in ("http", "https"))
-    verify = session._verify
-    return SessionTls(ca_bundle=get_cert_path(verify) if verify else None,
-                      verify=verify is not False,
-                      uses_proxy_or_client_cert=bool(session._cert_file) or uses_proxy)

@@ -6,10 +6,9 @@ dicts with dateutil; on a loaded machine that CPU is taken from the readers, the
 the server (LIST parsing was 83% of the first walk of a tree). The same request, signed with
 botocore's own SigV4 signer and sent over the client's own HTTP session (its connection pool,
 proxies, CA bundle and timeouts), costs a fraction of that; botocore_adapter holds every
-botocore internal that takes. Only the answer we expect is
-handled here: anything else (an error status, a redirect, a dropped connection) returns None,
-and the caller repeats the request through the full client, which owns retries, redirects and
-error reporting. An answer that says the lean path itself is wrong (a redirect or a 400, as
+botocore internal that takes. Only the answer we expect is handled here: anything else (an
+error status, a redirect, a dropped connection) returns None, and the caller repeats the
+request through the full client, which owns retries, redirects and error reporting. An answer that says the lean path itself is wrong (a redirect or a 400, as
 for a bucket in another region than the client's) turns the lean path off for the mount.
 """
 
@@ -18,13 +17,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
-import os
-import ssl
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from functools import cached_property
 from typing import Any, BinaryIO
 from urllib.parse import quote, unquote_plus, urlencode, urlsplit
 from xml.etree import ElementTree
@@ -33,7 +29,6 @@ import botocore.exceptions
 
 from ..base import ObjectInfo
 from . import botocore_adapter
-from .loop_http import LoopHttp
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +40,6 @@ WRONG_PATH = (301, 307, 400)
 """Answers that would repeat on every lean request (the bucket lives elsewhere, the request
 is malformed for this server): boto3, which follows redirects, takes over for good."""
 _S3 = "{http://s3.amazonaws.com/doc/2006-03-01/}"
-_ERROR_BODY_LIMIT = 64 * 1024
-"""An error answer's XML is read whole, whatever the range asked for, to see its status."""
 
 
 @dataclass(frozen=True)
@@ -74,12 +67,6 @@ class LeanRequests:
         self._base: str | None = None
         self._usable = credentials is not None and _shape_expected(self._client)
 
-    @cached_property
-    def _loop(self) -> LoopHttp | None:
-        """Made at the first GET on the loop: loading the CA bundle takes about 18 ms, which
-        processes that never read through FUSE need not pay."""
-        return _loop_http(self._client)
-
     def _bucket_url(self) -> str | None:
         """The bucket's URL as the client addresses it (virtual-hosted or path style,
         endpoint rules applied), resolved once from a presigned URL of a probe key."""
@@ -102,10 +89,13 @@ class LeanRequests:
     def open(self, key: str, start: int, length: int, etag: str) -> BinaryIO | None:
         """The body of bytes [start, start+length) of this version, streaming; None when the
         full client should handle the request. Raises Changed for a gone version."""
-        request = self._ranged_get(key, start, length, etag)
-        if request is None:
+        base = self._bucket_url()
+        if base is None:
             return None
-        response = self._send(*request, size=length, stream_output=True)
+        response = self._send(
+            "GET", base + quote(key, safe="/~"),
+            {"Range": f"bytes={start}-{start + length - 1}", "If-Match": f'"{etag}"'},
+            size=length, stream_output=True)
         if response is None:
             return None
         raw = response.raw
@@ -115,35 +105,6 @@ class LeanRequests:
         if response.status_code in CHANGED:
             raise Changed()
         return None
-
-    async def get_on_loop(self, key: str, start: int, length: int, etag: str) -> bytes | None:
-        """Bytes [start, start+length) of this version, fetched on the calling trio loop;
-        None when the request should go through `open` in a thread instead (no loop client
-        for this store, or an answer other than the bytes). Raises Changed for a gone
-        version."""
-        request = self._ranged_get(key, start, length, etag)
-        if request is None or self._loop is None:
-            return None
-        prepared = self._signed(*request)
-        reply = await self._loop.get(prepared.url, prepared.headers,
-                                     max_body=max(length, _ERROR_BODY_LIMIT))
-        if reply is None:
-            return None
-        self._note_status(reply.status)
-        if _whole_range(reply.status, reply.headers, length) and len(reply.body) == length:
-            return reply.body
-        if reply.status in CHANGED:
-            raise Changed()
-        return None
-
-    def _ranged_get(self, key: str, start: int, length: int,
-                    etag: str) -> tuple[str, str, dict[str, str]] | None:
-        """Method, URL and headers of the GET; None where the lean path is off."""
-        base = self._bucket_url()
-        if base is None:
-            return None
-        return ("GET", base + quote(key, safe="/~"),
-                {"Range": f"bytes={start}-{start + length - 1}", "If-Match": f'"{etag}"'})
 
     def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> str | None:
         """Store an object with user `metadata` in one PutObject; its ETag, or None when the
@@ -191,18 +152,13 @@ class LeanRequests:
         except (ElementTree.ParseError, ValueError, TypeError, AttributeError):
             return None
 
-    def _signed(self, method: str, url: str, headers: dict[str, str],
-                data: bytes | None = None, stream_output: bool = False):
-        return botocore_adapter.signed(method, url, headers, self._credentials, self._region,
-                                       data, stream_output)
-
     def _send(self, method: str, url: str, headers: dict[str, str], data: bytes | None = None,
               size: int = 0, stream_output: bool = False):
         """Sign and send, bounded as a request of `size` bytes; None on any transport failure
         (the caller falls back)."""
         try:
-            response = botocore_adapter.send(
-                self._clients(size), self._signed(method, url, headers, data, stream_output))
+            response = botocore_adapter.send(self._clients(size), botocore_adapter.signed(
+                method, url, headers, self._credentials, self._region, data, stream_output))
         except botocore.exceptions.BotoCoreError:
             return None
         self._note_status(response.status_code)
@@ -236,29 +192,6 @@ def _shape_expected(client) -> bool:
                     "goes through boto3, more slowly; install a botocore avafs was tested "
                     "with or report it", botocore.__version__, ", ".join(moved))
     return not moved
-
-
-def _loop_http(client) -> LoopHttp | None:
-    """A loop client with the TLS verification and timeouts of the client's own HTTP
-    session; None where that session does more than this one would (a proxy, a client
-    certificate), so those stores keep every GET on the thread path."""
-    tls = botocore_adapter.session_tls(client)
-    if tls.uses_proxy_or_client_cert:
-        return None
-    bundle = tls.ca_bundle
-    try:
-        context = ssl.create_default_context(
-            cafile=bundle if bundle and not os.path.isdir(bundle) else None,
-            capath=bundle if bundle and os.path.isdir(bundle) else None)
-    except (OSError, ssl.SSLError) as error:  # boto3 reports a bad CA bundle in its words
-        log.info("no loop client (CA bundle: %s); every GET goes through a thread", error)
-        return None
-    if not tls.verify:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    config = client.meta.config
-    return LoopHttp(context, config.connect_timeout, config.read_timeout,
-                    config.max_pool_connections)
 
 
 def _parse_list_page(document: bytes) -> ListPage:
