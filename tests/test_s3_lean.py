@@ -13,7 +13,6 @@ from collections.abc import Iterator
 
 import boto3
 import pytest
-import trio
 from botocore.config import Config
 from support import TEST_CREDENTIALS
 
@@ -80,40 +79,18 @@ def test_a_put_carries_the_body_checksum_botocore_would_send(s3_server, bucket, 
     assert head.get("ChecksumCRC32") == (crc if calculation == "when_supported" else None)
 
 
-def test_a_read_on_the_loop_gets_the_bytes_and_sees_the_object_change(s3_server, bucket):
+def test_a_lean_ranged_get_gets_the_bytes_and_sees_the_object_change(s3_server, bucket):
     store = S3Store(bucket, "data", s3_server.endpoint, "us-east-1")
     client = s3_server.client()
     data = os.urandom(100_000)
     client.put_object(Bucket=bucket, Key="data/sample", Body=data)
     info = store.head("sample")
-
-    async def main() -> bytes | None:
-        first = await store.get_range_on_loop("sample", 10, 1000, info.etag)
-        client.put_object(Bucket=bucket, Key="data/sample", Body=b"rewritten")
-        with pytest.raises(ObjectChangedError):
-            await store.get_range_on_loop("sample", 0, 10, info.etag)
-        return first
-
-    assert trio.run(main) == data[10:1010]
-
-
-def test_a_store_behind_a_proxy_keeps_its_reads_off_the_loop(s3_server, bucket):
-    """The loop client speaks to the endpoint directly; a proxy is boto3's to use."""
-    session = boto3.session.Session(region_name="us-east-1")
-    client = session.client("s3", endpoint_url=s3_server.endpoint,
-                            config=Config(proxies={"http": "http://127.0.0.1:9"}))
-    lean = LeanRequests(lambda size: client, session.get_credentials(), bucket)
     requests = len(s3_server.requests())
 
-    assert trio.run(lean.get_on_loop, "key", 0, 10, "etag") is None
-    assert len(s3_server.requests()) == requests
+    first = store.get_range("sample", 10, 1000, info.etag)
+    client.put_object(Bucket=bucket, Key="data/sample", Body=b"rewritten")
+    with pytest.raises(ObjectChangedError):
+        store.get_range("sample", 0, 10, info.etag)
 
-
-def test_a_ca_bundle_that_cannot_be_loaded_leaves_the_error_to_boto3(s3_server, bucket, tmp_path):
-    """The mount still starts; boto3, on the thread path, reports the bundle in its words."""
-    session = boto3.session.Session(region_name="us-east-1")
-    client = session.client("s3", endpoint_url=s3_server.endpoint,
-                            verify=str(tmp_path / "missing-ca.pem"))
-    lean = LeanRequests(lambda size: client, session.get_credentials(), bucket)
-
-    assert trio.run(lean.get_on_loop, "key", 0, 10, "etag") is None
+    assert first == data[10:1010]
+    assert len(s3_server.requests()) == requests + 3, "one GET each, no boto3 repeat"

@@ -3,13 +3,14 @@
 Why: botocore runs its whole per-request machinery on every get_object or put_object (endpoint
 rules, event hooks, parameter validation, header parsing), and parses a 1000-key LIST page into
 dicts with dateutil; that CPU is taken from the readers, the writers and, on a shared machine,
-the server (see docs/optimization-history.md). The same request, signed with
-botocore's own SigV4 signer and sent over the client's own HTTP session (its connection pool,
-proxies, CA bundle and timeouts), costs a fraction of that. Only the answer we expect is
-handled here: anything else (an error status, a redirect, a dropped connection) returns None,
-and the caller repeats the request through the full client, which owns retries, redirects and
-error reporting. An answer that says the lean path itself is wrong (a redirect or a 400, as
-for a bucket in another region than the client's) turns the lean path off for the mount.
+the server (see BENCHMARKS.md, "S3 transports"). The same request, signed with botocore's own
+SigV4 signer and sent over the client's own HTTP session (its connection pool, proxies, CA
+bundle and timeouts), costs a fraction of that; `botocore_adapter.py` holds every botocore
+internal that takes. Only the answer we expect is handled here: anything else (an error status,
+a redirect, a dropped connection) returns None, and the caller repeats the request through the
+full client, which owns retries, redirects and error reporting. An answer that says the lean
+path itself is wrong (a redirect or a 400, as for a bucket in another region than the
+client's) turns the lean path off for the mount.
 """
 
 from __future__ import annotations
@@ -17,24 +18,18 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
-import os
-import ssl
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from functools import cached_property
 from typing import Any, BinaryIO
 from urllib.parse import quote, unquote_plus, urlencode, urlsplit
 from xml.etree import ElementTree
 
 import botocore.exceptions
-from botocore.auth import S3SigV4Auth
-from botocore.awsrequest import AWSRequest
-from botocore.httpsession import get_cert_path
 
 from ..base import ObjectInfo
-from .loop_http import LoopHttp
+from . import botocore_adapter
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +41,6 @@ WRONG_PATH = (301, 307, 400)
 """Answers that would repeat on every lean request (the bucket lives elsewhere, the request
 is malformed for this server): boto3, which follows redirects, takes over for good."""
 _S3 = "{http://s3.amazonaws.com/doc/2006-03-01/}"
-_ERROR_BODY_LIMIT = 64 * 1024
-"""An error answer's XML is read whole, whatever the range asked for, to see its status."""
 
 
 @dataclass(frozen=True)
@@ -73,13 +66,7 @@ class LeanRequests:
         self._bucket = bucket
         self._region = self._client.meta.region_name or "us-east-1"
         self._base: str | None = None
-        self._usable = credentials is not None
-
-    @cached_property
-    def _loop(self) -> LoopHttp | None:
-        """Made at the first GET on the loop: loading the CA bundle is not free, and
-        processes that never read through FUSE need not pay for it."""
-        return _loop_http(self._client)
+        self._usable = credentials is not None and _shape_expected(self._client)
 
     def _bucket_url(self) -> str | None:
         """The bucket's URL as the client addresses it (virtual-hosted or path style,
@@ -103,10 +90,13 @@ class LeanRequests:
     def open(self, key: str, start: int, length: int, etag: str) -> BinaryIO | None:
         """The body of bytes [start, start+length) of this version, streaming; None when the
         full client should handle the request. Raises Changed for a gone version."""
-        request = self._ranged_get(key, start, length, etag)
-        if request is None:
+        base = self._bucket_url()
+        if base is None:
             return None
-        response = self._send(request, length)
+        response = self._send(
+            "GET", base + quote(key, safe="/~"),
+            {"Range": f"bytes={start}-{start + length - 1}", "If-Match": f'"{etag}"'},
+            size=length, stream_output=True)
         if response is None:
             return None
         raw = response.raw
@@ -117,36 +107,6 @@ class LeanRequests:
             raise Changed()
         return None
 
-    async def get_on_loop(self, key: str, start: int, length: int, etag: str) -> bytes | None:
-        """Bytes [start, start+length) of this version, fetched on the calling trio loop;
-        None when the request should go through `open` in a thread instead (no loop client
-        for this store, or an answer other than the bytes). Raises Changed for a gone
-        version."""
-        if self._loop is None:
-            return None
-        request = self._ranged_get(key, start, length, etag)
-        if request is None:
-            return None
-        prepared = self._signed(request)
-        reply = await self._loop.get(prepared.url, prepared.headers,
-                                     max_body=max(length, _ERROR_BODY_LIMIT))
-        if reply is None:
-            return None
-        self._note_status(reply.status)
-        if _whole_range(reply.status, reply.headers, length) and len(reply.body) == length:
-            return reply.body
-        if reply.status in CHANGED:
-            raise Changed()
-        return None
-
-    def _ranged_get(self, key: str, start: int, length: int, etag: str) -> AWSRequest | None:
-        base = self._bucket_url()
-        if base is None:
-            return None
-        return AWSRequest(
-            method="GET", url=base + quote(key, safe="/~"), stream_output=True,
-            headers={"Range": f"bytes={start}-{start + length - 1}", "If-Match": f'"{etag}"'})
-
     def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> str | None:
         """Store an object with user `metadata` in one PutObject; its ETag, or None when the
         full client should do it. The body's checksum lets the server refuse a body damaged on the way (over
@@ -154,11 +114,11 @@ class LeanRequests:
         base = self._bucket_url()
         if base is None:
             return None
-        response = self._send(AWSRequest(
-            method="PUT", url=base + quote(key, safe="/~"), data=data,
-            headers={"Content-Length": str(len(data)), **self._body_checksum(data),
-                     **{f"x-amz-meta-{name}": value for name, value in (metadata or {}).items()}}),
-            len(data))
+        response = self._send(
+            "PUT", base + quote(key, safe="/~"),
+            {"Content-Length": str(len(data)), **self._body_checksum(data),
+             **{f"x-amz-meta-{name}": value for name, value in (metadata or {}).items()}},
+            data=data, size=len(data))
         if response is None or response.status_code != OK or "etag" not in response.headers:
             return None
         return response.headers["etag"].strip('"')
@@ -185,7 +145,7 @@ class LeanRequests:
         query = {"list-type": "2", "prefix": prefix, "delimiter": "/", "encoding-type": "url"}
         if token is not None:
             query["continuation-token"] = token
-        response = self._send(AWSRequest(method="GET", url=f"{base}?{urlencode(query)}"))
+        response = self._send("GET", f"{base}?{urlencode(query)}", {})
         if response is None or response.status_code != OK:
             return None
         try:
@@ -193,20 +153,13 @@ class LeanRequests:
         except (ElementTree.ParseError, ValueError, TypeError, AttributeError):
             return None
 
-    def _signed(self, request: AWSRequest):
-        S3SigV4Auth(self._credentials.get_frozen_credentials(), "s3",
-                    self._region).add_auth(request)
-        prepared = request.prepare()
-        # urllib3 copies the headers of every request; botocore's case-insensitive mapping
-        # copies item by item, a plain dict at C speed.
-        prepared.headers = dict(prepared.headers.items())
-        return prepared
-
-    def _send(self, request: AWSRequest, size: int = 0):
+    def _send(self, method: str, url: str, headers: dict[str, str], data: bytes | None = None,
+              size: int = 0, stream_output: bool = False):
         """Sign and send, bounded as a request of `size` bytes; None on any transport failure
         (the caller falls back)."""
         try:
-            response = self._clients(size)._endpoint.http_session.send(self._signed(request))
+            response = botocore_adapter.send(self._clients(size), botocore_adapter.signed(
+                method, url, headers, self._credentials, self._region, data, stream_output))
         except botocore.exceptions.BotoCoreError:
             return None
         self._note_status(response.status_code)
@@ -231,32 +184,15 @@ def _whole_range(status: int, headers, length: int) -> bool:
     return status == PARTIAL_CONTENT and int(headers.get("content-length", -1)) == length
 
 
-def _loop_http(client) -> LoopHttp | None:
-    """A loop client with the TLS verification and timeouts of the client's own HTTP
-    session; None where that session does more than this one would (a proxy, a client
-    certificate), so those stores keep every GET on the thread path."""
-    session = client._endpoint.http_session
-    try:
-        cert_file, proxies, verify = session._cert_file, session._proxy_config, session._verify
-    except AttributeError:  # a botocore whose session is built differently: threads only
-        log.info("no loop client for this botocore; every GET goes through a thread")
-        return None
-    if cert_file or any(proxies.proxy_url_for(f"{scheme}://host") for scheme in ("http", "https")):
-        return None
-    bundle = get_cert_path(verify) if verify else None
-    try:
-        context = ssl.create_default_context(
-            cafile=bundle if bundle and not os.path.isdir(bundle) else None,
-            capath=bundle if bundle and os.path.isdir(bundle) else None)
-    except (OSError, ssl.SSLError) as error:  # boto3 reports a bad CA bundle in its words
-        log.info("no loop client (CA bundle: %s); every GET goes through a thread", error)
-        return None
-    if verify is False:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    config = client.meta.config
-    return LoopHttp(context, config.connect_timeout, config.read_timeout,
-                    config.max_pool_connections)
+def _shape_expected(client) -> bool:
+    """Whether botocore still has the internals the lean path uses; if not, a WARNING at
+    mount names them (a silent switch to the slow path would hide a botocore upgrade)."""
+    moved = botocore_adapter.moved_internals(client)
+    if moved:
+        log.warning("botocore %s moved internals the lean S3 path uses (%s): every request "
+                    "goes through boto3, more slowly; install a botocore avafs was tested "
+                    "with or report it", botocore.__version__, ", ".join(moved))
+    return not moved
 
 
 def _parse_list_page(document: bytes) -> ListPage:

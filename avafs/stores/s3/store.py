@@ -246,14 +246,6 @@ class S3Store(ObjectStore, MultipartUploads):
             raise ObjectChangedError(f"{self.url}{key} changed or vanished while being read") \
                 from None
 
-    async def get_range_on_loop(self, key: str, start: int, length: int,
-                                etag: str) -> bytes | None:
-        try:
-            return await self._lean.get_on_loop(self.prefix + key, start, length, etag)
-        except Changed:
-            raise ObjectChangedError(f"{self.url}{key} changed or vanished while being read") \
-                from None
-
     def get_range(self, key: str, start: int, length: int, etag: str) -> bytes:
         """The lean GET first; the full client when it cannot answer, which retries dropped
         bodies too (botocore retries a failed request, not a failed read)."""

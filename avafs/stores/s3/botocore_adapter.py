@@ -1,0 +1,59 @@
+"""The one place that reaches past boto3's documented API, for the lean request path.
+
+What it reaches into, and why:
+- `client._endpoint.http_session`, a `botocore.httpsession.URLLib3Session`, and its `send`:
+  a request signed here goes out over the client's own connection pool, so it shares the
+  client's keep-alive connections, proxies, CA bundle and timeouts instead of opening a pool
+  of its own.
+- `botocore.auth.S3SigV4Auth` and `botocore.awsrequest.AWSRequest`, public names in modules
+  boto3 does not document: the signer and the request it signs.
+- the `AWSResponse` that `send` returns: `status_code`, `headers`, `content`, and `raw`, the
+  urllib3 response read as a stream.
+
+None of this is a promised interface, so a botocore release may move any of it. When it
+does, `moved_internals` names what moved, and the caller turns the lean path off for the
+mount with a WARNING that says so (every request then goes through boto3, which is slower
+but right); the mount is not refused, as boto3 alone serves every request. The tests in
+tests/test_botocore_adapter.py check each of these against a real client, so a botocore
+that changed shape fails there by name before any user sees the warning.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
+
+
+def moved_internals(client: Any) -> list[str]:
+    """The internals this module relies on that `client` lacks, named as reached; empty
+    when botocore still has the expected shape."""
+    endpoint = getattr(client, "_endpoint", None)
+    if endpoint is None:
+        return ["client._endpoint"]
+    session = getattr(endpoint, "http_session", None)
+    if session is None:
+        return ["client._endpoint.http_session"]
+    if not callable(getattr(session, "send", None)):
+        return ["client._endpoint.http_session.send"]
+    return []
+
+
+def signed(method: str, url: str, headers: dict[str, str], credentials: Any, region: str,
+           data: bytes | None = None, stream_output: bool = False) -> Any:
+    """A prepared request signed with SigV4 for S3, its headers a plain dict (urllib3 copies
+    the headers of every request: botocore's case-insensitive mapping copies item by item, a
+    plain dict at C speed)."""
+    request = AWSRequest(method=method, url=url, headers=headers, data=data,
+                         stream_output=stream_output)
+    S3SigV4Auth(credentials.get_frozen_credentials(), "s3", region).add_auth(request)
+    prepared = request.prepare()
+    prepared.headers = dict(prepared.headers.items())
+    return prepared
+
+
+def send(client: Any, prepared: Any) -> Any:
+    """Send over the client's own HTTP session: an `AWSResponse`. Raises what botocore
+    raises for a failed transport (`BotoCoreError`)."""
+    return client._endpoint.http_session.send(prepared)

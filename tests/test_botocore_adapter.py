@@ -1,0 +1,83 @@
+"""Every botocore internal the lean S3 path reaches, checked on a real boto3 client against
+moto: a botocore release that moves one fails here, by the internal's name."""
+
+from __future__ import annotations
+
+import logging
+
+import boto3
+import botocore
+import pytest
+
+from avafs.stores.s3 import botocore_adapter
+from avafs.stores.s3.lean import LeanRequests
+
+DATA = bytes(range(256)) * 40
+
+
+def _moved(what: str) -> str:
+    return (f"botocore {botocore.__version__} changed shape: {what}; update "
+            "avafs/stores/s3/botocore_adapter.py")
+
+
+@pytest.fixture
+def client(s3_server, s3_env):
+    return boto3.session.Session().client("s3", endpoint_url=s3_server.endpoint)
+
+
+def test_the_client_has_every_internal_the_adapter_names(client):
+    assert botocore_adapter.moved_internals(client) == [], _moved("see the names listed")
+
+
+def test_a_signed_ranged_get_streams_through_the_clients_session(client, bucket, s3_server):
+    client.put_object(Bucket=bucket, Key="sample", Body=DATA)
+    url = f"{s3_server.endpoint}/{bucket}/sample"
+    session = boto3.session.Session()
+
+    response = botocore_adapter.send(client, botocore_adapter.signed(
+        "GET", url, {"Range": "bytes=10-1009"}, session.get_credentials(), "us-east-1",
+        stream_output=True))
+
+    assert response.status_code == 206, _moved("AWSResponse.status_code")
+    assert response.headers["content-length"] == "1000", _moved("AWSResponse.headers")
+    raw = response.raw
+    assert raw.read(None) == DATA[10:1010], _moved("AWSResponse.raw.read")
+    assert raw.length_remaining == 0, _moved("AWSResponse.raw.length_remaining")
+    raw.release_conn()
+
+
+def test_a_signed_get_reads_whole_through_content(client, bucket, s3_server):
+    client.put_object(Bucket=bucket, Key="sample", Body=DATA)
+    session = boto3.session.Session()
+
+    response = botocore_adapter.send(client, botocore_adapter.signed(
+        "GET", f"{s3_server.endpoint}/{bucket}/sample", {}, session.get_credentials(),
+        "us-east-1"))
+
+    assert (response.status_code, response.content) == (200, DATA), \
+        _moved("AWSResponse.content")
+
+
+def test_the_signer_adds_a_sigv4_authorization(s3_server, s3_env):
+    credentials = boto3.session.Session().get_credentials()
+
+    prepared = botocore_adapter.signed("GET", f"{s3_server.endpoint}/bucket/key", {},
+                                       credentials, "eu-west-1")
+
+    assert type(prepared.headers) is dict
+    assert prepared.headers["Authorization"].startswith(
+        f"AWS4-HMAC-SHA256 Credential={credentials.access_key}/"), _moved("S3SigV4Auth")
+    assert "/eu-west-1/s3/aws4_request" in prepared.headers["Authorization"]
+    assert {"X-Amz-Date", "X-Amz-Content-SHA256"} <= set(prepared.headers), _moved("S3SigV4Auth")
+
+
+def test_a_moved_internal_turns_the_lean_path_off_loudly(client, bucket, caplog):
+    client.put_object(Bucket=bucket, Key="sample", Body=DATA)
+    client._endpoint.http_session = object()
+
+    with caplog.at_level(logging.WARNING, logger="avafs.stores.s3.lean"):
+        lean = LeanRequests(lambda size: client, boto3.session.Session().get_credentials(),
+                            bucket)
+
+    assert "client._endpoint.http_session.send" in caplog.text
+    assert lean.open("sample", 0, 10, "etag") is None, "every request goes through boto3"
