@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import trio
 
-from avafs.errors import ObjectChangedError
 from avafs.metrics import Metrics
 from avafs.objects import BlockId, ObjectRef
 from avafs.stores.instrumented import InstrumentedStore
@@ -224,30 +223,8 @@ def test_a_read_missing_one_block_loads_it_in_the_readers_thread(tmp_path, stack
     assert stack.is_cached(one, 0, "ram") and one.block(0) in stack.disk
 
 
-class _LoopStore(LocalStore):
-    """Answers reads on the trio loop once `gate` opens, or fails them with `failure`; a
-    read in a worker thread fails the test."""
-
-    def __init__(self, root) -> None:
-        super().__init__(root)
-        self.gate: trio.Event | None = None
-        self.failure: Exception | None = None
-        self.loop_gets = 0
-
-    async def get_range_on_loop(self, key: str, start: int, length: int,
-                                etag: str) -> bytes | None:
-        self.loop_gets += 1
-        await self.gate.wait()
-        if self.failure is not None:
-            raise self.failure
-        return super().get_range(key, start, length, etag)
-
-    def get_range(self, key: str, start: int, length: int, etag: str) -> bytes:
-        raise AssertionError("fetched in a worker thread")
-
-
 def _small_object(tmp_path, store_class, size: int = 10_000) -> tuple[ObjectRef, bytes]:
-    bucket = tmp_path / "loop-bucket"
+    bucket = tmp_path / "small-bucket"
     bucket.mkdir()
     data = os.urandom(size)
     (bucket / "small").write_bytes(data)
@@ -256,58 +233,8 @@ def _small_object(tmp_path, store_class, size: int = 10_000) -> tuple[ObjectRef,
     return ObjectRef(store.url, store, "small", info.etag, info.size), data
 
 
-async def _loop_and_thread_reads(stack: TierStack, small: ObjectRef) -> dict[str, object]:
-    """A read on the loop starts the fetch; a reader in a thread then asks for the same
-    block while it is in flight. What each got, value or exception."""
-    store = small.store
-    store.gate = trio.Event()
-    results: dict[str, object] = {}
-
-    async def read(name: str, call) -> None:
-        try:
-            results[name] = await call()
-        except Exception as error:  # noqa: BLE001 - the test compares what each got
-            results[name] = error
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(read, "loop", lambda: stack.read_async(
-            small, 0, 100, stack.new_read_ahead(), trio.CapacityLimiter(1)))
-        while not store.loop_gets:
-            await trio.sleep(0.01)
-        nursery.start_soon(read, "thread",
-                           lambda: trio.to_thread.run_sync(stack.read, small, 200, 300))
-        await trio.sleep(0.1)
-        store.gate.set()
-    return results
-
-
-def test_a_cold_small_read_on_the_loop_is_shared_with_a_reader_in_a_thread(tmp_path, stack):
-    small, data = _small_object(tmp_path, _LoopStore)
-
-    results = trio.run(_loop_and_thread_reads, stack, small)
-
-    assert results == {"loop": data[:100], "thread": data[200:500]}
-    assert small.store.loop_gets == 1
-    assert stack.is_cached(small, 0, "ram") and small.block(0) in stack.disk
-    assert _read_inline(stack, small, 0, 10) == data[:10]
-
-
-def test_a_failed_loop_fetch_fails_every_waiting_reader_and_leaves_nothing_behind(tmp_path,
-                                                                                  stack):
-    small, data = _small_object(tmp_path, _LoopStore)
-    small.store.failure = ObjectChangedError("changed while being read")
-
-    results = trio.run(_loop_and_thread_reads, stack, small)
-
-    assert isinstance(results["loop"], ObjectChangedError)
-    assert isinstance(results["thread"], ObjectChangedError)
-    assert not stack.is_cached(small, 0, "disk")
-    small.store.failure = None
-    assert trio.run(_loop_and_thread_reads, stack, small)["loop"] == data[:100], \
-        "the block is no longer marked loading and its fetch slot is free again"
-
-
-def test_a_store_without_a_loop_client_is_read_in_a_thread(tmp_path, stack):
+def test_a_cold_small_object_is_fetched_in_a_thread_and_then_served_on_the_loop(tmp_path,
+                                                                               stack):
     small, data = _small_object(tmp_path, LocalStore)
 
     assert _read_on_loop(stack, small, 5, 20) == data[5:25]
@@ -315,19 +242,8 @@ def test_a_store_without_a_loop_client_is_read_in_a_thread(tmp_path, stack):
     assert _read_inline(stack, small, 0, 10) == data[:10], "cached: served on the loop"
 
 
-class _ThreadStore(_LoopStore):
-    """Fails a read on the trio loop; serves reads in worker threads."""
-
-    async def get_range_on_loop(self, key: str, start: int, length: int,
-                                etag: str) -> bytes | None:
-        raise AssertionError("fetched on the loop")
-
-    def get_range(self, key: str, start: int, length: int, etag: str) -> bytes:
-        return LocalStore.get_range(self, key, start, length, etag)
-
-
 def test_objects_of_more_than_one_small_block_are_read_in_a_thread(tmp_path, stack):
-    large, data = _small_object(tmp_path, _ThreadStore, size=BLOCK + 1)
+    large, data = _small_object(tmp_path, LocalStore, size=BLOCK + 1)
 
     assert _read_on_loop(stack, large, 0, 10) == data[:10]
     assert _read_on_loop(stack, large, BLOCK - 5, 6) == data[BLOCK - 5:]

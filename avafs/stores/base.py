@@ -2,8 +2,7 @@
 
 It is deliberately small (list one directory level, stat a key, read a byte range) so that a
 new backend is a short module, and every backend is exercised by the same mount tests.
-Methods block; callers run them in worker threads, except `get_range_on_loop`, which a
-store whose client can send requests on trio's loop implements for the FUSE read path.
+Methods block; callers run them in worker threads, never on the FUSE loop.
 """
 
 from __future__ import annotations
@@ -125,13 +124,6 @@ class ObjectStore(ABC):
 
         Raises ObjectChangedError if the object is no longer that version.
         """
-
-    async def get_range_on_loop(self, key: str, start: int, length: int,
-                                etag: str) -> bytes | None:
-        """`get_range` without a worker thread, awaited on the caller's trio loop; None when
-        this store cannot answer that way (the base case), and the caller runs `get_range`
-        in a thread. Raises ObjectChangedError if the object is no longer that version."""
-        return None
 
     def open_range(self, key: str, start: int, length: int, etag: str) -> BinaryIO:
         """A stream of `length` bytes from `start` of version `etag`, for sequential readers:

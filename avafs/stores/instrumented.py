@@ -64,19 +64,6 @@ class InstrumentedStore(ObjectStore, MultipartUploads):
     def get_range(self, key: str, start: int, length: int, etag: str) -> bytes:
         return self._timed("get", lambda: self.inner.get_range(key, start, length, etag))
 
-    async def get_range_on_loop(self, key: str, start: int, length: int,
-                                etag: str) -> bytes | None:
-        """Counted when answered: after a None the caller's `get_range` counts itself."""
-        started = time.perf_counter()
-        try:
-            data = await self.inner.get_range_on_loop(key, start, length, etag)
-        except Exception as error:
-            self._record("get", started, error)
-            raise
-        if data is not None:
-            self._record("get", started)
-        return data
-
     def open_range(self, key: str, start: int, length: int, etag: str) -> BinaryIO:
         return self._timed("get", lambda: self.inner.open_range(key, start, length, etag))
 
