@@ -44,7 +44,6 @@ T = TypeVar("T")
 _KERNEL_TIMEOUT_CAP = 365 * 86400.0
 _XATTR_PREFIX = b"user.avafs."
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
-_ENOSPC_AFTER = 30.0
 _MAX_READ_AHEAD_WINDOW = 64
 
 
@@ -434,18 +433,11 @@ class AvafsOperations(pyfuse3.Operations):
         return written
 
     async def _apply_back_pressure(self) -> None:
-        """Past the dirty watermark writers wait for uploads instead of failing; ENOSPC only
-        when the disk tier is all dirty data and the store has been unreachable a while."""
-        writeback = self.writeback
-        while writeback.over_dirty_limit() and writeback.has_uploadable():
-            writeback.eager = True
-            unreachable = writeback.store_unreachable_since
-            if writeback.disk_full_of_dirty_data() and unreachable is not None and \
-                    time.monotonic() - unreachable > _ENOSPC_AFTER:
-                log.error("no space: the disk tier holds only dirty data (%d bytes) and the "
-                          "store has been unreachable for %.0fs", writeback.dirty_bytes,
-                          time.monotonic() - unreachable)
-                raise pyfuse3.FUSEError(errno.ENOSPC)
+        """A write waits, without holding the loop, for as long as write-back has no room."""
+        while True:
+            with _as_fuse_error():
+                if self.writeback.room_to_write():
+                    return
             await trio.sleep(0.05)
 
     async def flush(self, fh: int) -> None:

@@ -50,6 +50,9 @@ ReadObject = Callable[[ObjectRef, int, int], bytes]
 """Reads `size` bytes at `offset` of an object version (blocks): how an existing object is
 copied in when it is first opened for writing."""
 _COPY_IN_CHUNK = 4 * 2**20
+_ENOSPC_AFTER = 30.0
+"""Seconds the store must have been unreachable, with the disk all dirty data, before writes
+fail with ENOSPC instead of waiting for uploads."""
 
 
 class DirtySpace(Protocol):
@@ -381,13 +384,25 @@ class WriteBack:
     def over_dirty_limit(self) -> bool:
         return self.dirty_bytes > self.dirty_limit
 
-    def has_uploadable(self) -> bool:
-        """Whether waiting can help: some pending change is not held open by a writer."""
+    def room_to_write(self) -> bool:
+        """Whether a write may go ahead now (asked before each write; never blocks). Past the
+        dirty watermark, while some pending change is not held open by a writer (so waiting
+        can help), writers wait for uploads instead of failing, and uploads skip the write-back
+        delay until the next `flush`: False means ask again shortly. ENOSPC (OSError) only when the disk
+        is all dirty data and the store has been unreachable for a while."""
+        if not self.over_dirty_limit():
+            return True
         with self.lock:
-            return any(not entry.writers for entry in self._pending.values())
-
-    def disk_full_of_dirty_data(self) -> bool:
-        return self.dirty_bytes >= self.space.capacity
+            if all(entry.writers for entry in self._pending.values()):
+                return True
+            self.eager = True
+            unreachable = self.store_unreachable_since
+        if self.dirty_bytes >= self.space.capacity and unreachable is not None and \
+                time.monotonic() - unreachable > _ENOSPC_AFTER:
+            raise OSError(errno.ENOSPC, f"no space: the disk tier holds only dirty data "
+                          f"({self.dirty_bytes} bytes) and the store has been unreachable for "
+                          f"{time.monotonic() - unreachable:.0f}s")
+        return False
 
     def commit(self, entry: Pending, fd: int | None) -> None:
         """Make the entry's data and state durable locally (close() and fsync() wait for it)."""
