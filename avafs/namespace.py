@@ -490,14 +490,11 @@ class Namespace:
             return
         name = key[len(parent_prefix(key)):].rstrip("/")
         with self._lock:
-            if key.endswith("/"):
-                if info is not None:
-                    listing.put(Entry(name, None))
-            elif info is not None:
-                listing.put(Entry(name, info))
-            else:
+            if info is not None:
+                listing.put(Entry(name, None if key.endswith("/") else info))
+            else:  # a removed directory marker settles after everything that was under it
                 current = listing.entries.get(name)
-                if current is not None and not current.is_dir:
+                if current is not None and current.is_dir == key.endswith("/"):
                     listing.drop(name)
         self.on_changed(source, key)
 
