@@ -133,7 +133,7 @@ class RenamePlan:
     markers: list[tuple[str, str]]
     """(old prefix, new prefix) of every directory that moves."""
     renamed: Node | None
-    """The renamed file's node, if the kernel has one."""
+    """The node of the renamed file or directory, if the kernel has one."""
     replaced: Node | None
     """The node of what the rename replaces (a file, or an empty directory), if any."""
 
