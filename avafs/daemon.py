@@ -113,8 +113,8 @@ class Filesystem:
         self.writeback: WriteBack | None = None
         self.uploader: Uploader | None = None
         if not options.read_only:
-            self.writeback = WriteBack(options.cache_dir / WRITEBACK_DIR, self.stack, disk,
-                                       self.metrics,
+            self.writeback = WriteBack(options.cache_dir / WRITEBACK_DIR, self.stack.read,
+                                       disk, self.metrics,
                                        int(options.disk_cache * options.dirty_high_watermark),
                                        options.writeback == "sync", options.writeback_delay)
         self.namespace = Namespace(self.stores, options.effective_metadata_ttl, self.writeback,

@@ -32,7 +32,7 @@ import trio
 
 from .config.options import MountOptions
 from .errors import ObjectChangedError, StoreError
-from .namespace import NAME_MAX, ROOT_INODE, Entry, Namespace, Node, valid_name
+from .namespace import NAME_MAX, ROOT_INODE, Entry, Namespace, Node, Refused, valid_name
 from .objects import ObjectRef
 from .stores.base import ObjectInfo
 from .stores.metadata import Attrs
@@ -46,7 +46,6 @@ T = TypeVar("T")
 _KERNEL_TIMEOUT_CAP = 365 * 86400.0
 _XATTR_PREFIX = b"user.avafs."
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
-_ENOSPC_AFTER = 30.0
 
 
 @dataclass(slots=True)
@@ -76,6 +75,8 @@ def _as_fuse_error() -> Iterator[None]:
     exception out of a handler would end pyfuse3's main loop."""
     try:
         yield
+    except Refused as error:
+        raise pyfuse3.FUSEError(error.errno) from None
     except OSError as error:
         log.error("%s", error)
         raise pyfuse3.FUSEError(error.errno or errno.EIO) from None
@@ -389,18 +390,11 @@ class AvafsOperations(pyfuse3.Operations):
         return written
 
     async def _apply_back_pressure(self) -> None:
-        """Past the dirty watermark writers wait for uploads instead of failing; ENOSPC only
-        when the disk tier is all dirty data and the store has been unreachable a while."""
-        writeback = self.writeback
-        while writeback.over_dirty_limit() and writeback.has_uploadable():
-            writeback.eager = True
-            unreachable = writeback.store_unreachable_since
-            if writeback.disk_full_of_dirty_data() and unreachable is not None and \
-                    time.monotonic() - unreachable > _ENOSPC_AFTER:
-                log.error("no space: the disk tier holds only dirty data (%d bytes) and the "
-                          "store has been unreachable for %.0fs", writeback.dirty_bytes,
-                          time.monotonic() - unreachable)
-                raise pyfuse3.FUSEError(errno.ENOSPC)
+        """A write waits, without holding the loop, for as long as write-back has no room."""
+        while True:
+            with _as_fuse_error():
+                if self.writeback.room_to_write():
+                    return
             await trio.sleep(0.05)
 
     async def flush(self, fh: int) -> None:
@@ -604,28 +598,21 @@ class AvafsOperations(pyfuse3.Operations):
         parent = self.namespace.node(parent_inode)
         self._check_writable_directory(parent)
         self._check_name(name)
-        text = os.fsdecode(name)
-        if await self._blocking(self.namespace.entry, parent, text) is not None:
-            raise pyfuse3.FUSEError(errno.EEXIST)
-        await self._blocking(self.writeback.mkdir, parent.source, f"{parent.key}{text}/")
-        return self._attributes(self.namespace.child(parent, Entry(text, None)))
+        node = await self._blocking(self.namespace.mkdir, parent, os.fsdecode(name))
+        return self._attributes(node)
 
     async def rmdir(self, parent_inode: int, name: bytes, ctx=None) -> None:
         parent = self.namespace.node(parent_inode)
         self._check_writable_directory(parent)
-        text, entry = await self._existing(parent, name)
-        if not entry.is_dir:
-            raise pyfuse3.FUSEError(errno.ENOTDIR)
-        prefix = f"{parent.key}{text}/"
-        if (await self._blocking(self.namespace.listing, parent.source, prefix)).entries:
-            raise pyfuse3.FUSEError(errno.ENOTEMPTY)
-        await self._blocking(self.writeback.rmdir, parent.source, prefix)
+        await self._blocking(self.namespace.rmdir, parent, os.fsdecode(name))
 
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,
                      name_new: bytes, flags: int, ctx=None) -> None:
-        """Within one source. A directory rename moves every key under it: on S3 that is a
-        copy and a delete per key, so it is not atomic in the store, but it is one journal
-        batch, so after a crash it completes on the next mount."""
+        """Within one source; the namespace checks and plans it (`Namespace.plan_rename`). A
+        directory rename moves every key under it: on S3 that is a copy and a delete per key,
+        so it is not atomic in the store, but it is one journal batch, so after a crash it
+        completes on the next mount. Handles reading a version the rename takes from the
+        store switch to a local copy of it before it is journaled."""
         old_parent = self.namespace.node(parent_inode_old)
         new_parent = self.namespace.node(parent_inode_new)
         self._check_writable_directory(old_parent)
@@ -635,65 +622,17 @@ class AvafsOperations(pyfuse3.Operations):
         if old_parent.source != new_parent.source:
             raise pyfuse3.FUSEError(errno.EXDEV)
         self._check_name(name_new)
-        old_name, entry = await self._existing(old_parent, name_old)
-        new_name = os.fsdecode(name_new)
-        target = await self._blocking(self.namespace.entry, new_parent, new_name)
-        if target is not None and flags & pyfuse3.RENAME_NOREPLACE:
-            raise pyfuse3.FUSEError(errno.EEXIST)
-        source = old_parent.source
-        if entry.is_dir:
-            old_key, new_key = f"{old_parent.key}{old_name}/", f"{new_parent.key}{new_name}/"
-            if new_key.startswith(old_key):
-                raise pyfuse3.FUSEError(errno.EINVAL)
-            if target is not None and not target.is_dir:
-                raise pyfuse3.FUSEError(errno.ENOTDIR)
-            if target is not None and (await self._blocking(self.namespace.listing, source,
-                                                             new_key)).entries:
-                raise pyfuse3.FUSEError(errno.ENOTEMPTY)
-            moves, markers = await self._blocking(self._directory_moves, source, old_key, new_key)
-            inodes = (self.namespace.node(inode) for inode in self._handles)
-            readers = [node for node in inodes
-                       if node.source == source and node.key.startswith(old_key)]
-        else:
-            old_key, new_key = old_parent.key + old_name, new_parent.key + new_name
-            if target is not None and target.is_dir:
-                raise pyfuse3.FUSEError(errno.EISDIR)
-            moves, markers = [(old_key, new_key, entry)], []
-            readers = [self.namespace.node_of(old_parent, old_name)]
-        replaced = self.namespace.node_of(new_parent, new_name) if target is not None else None
-        await self._keep_reading([node for node in (*readers, replaced) if node is not None])
-        await self._blocking(self._rename_states, source, moves, markers)
-        if replaced is not None:
-            self._orphan(replaced)
-        node = self.namespace.node_of(old_parent, old_name)
-        if node is not None:
-            self.namespace.moved(node, new_parent, new_name, new_key)
-
-    def _rename_states(self, source: str, moves: list[tuple[str, str, Entry]],
-                       markers: list[tuple[str, str]]) -> None:
-        """A moved file with no pending state is clean; its info is looked up as the rename
-        is applied (an upload settling after the file was listed makes it clean, with the
-        info the listing has now)."""
-        listed = {old: entry.info for old, _, entry in moves}
-        self.writeback.rename(source, [(old, new) for old, new, _ in moves], markers,
-                              lambda key: self.namespace.listed_info(source, key) or listed[key])
-
-    def _directory_moves(self, source: str, old_prefix: str, new_prefix: str):
-        moves, markers = [], [(old_prefix, new_prefix)]
-        pending_dirs, listings = [old_prefix], {}
-        while pending_dirs:
-            prefix = pending_dirs.pop()
-            listings[prefix] = self.namespace.listing(source, prefix)
-            for entry in listings[prefix].ordered:
-                if entry.is_dir:
-                    sub = f"{prefix}{entry.name}/"
-                    markers.append((sub, new_prefix + sub[len(old_prefix):]))
-                    pending_dirs.append(sub)
-                else:
-                    key = prefix + entry.name
-                    moves.append((key, new_prefix + key[len(old_prefix):], entry))
-        self.namespace.prepare_move(source, listings, old_prefix, new_prefix)
-        return moves, markers
+        plan = await self._blocking(self.namespace.plan_rename, old_parent,
+                                    os.fsdecode(name_old), new_parent, os.fsdecode(name_new),
+                                    not flags & pyfuse3.RENAME_NOREPLACE)
+        open_nodes = (self.namespace.node(inode) for inode in self._handles)
+        readers = [node for node in open_nodes if plan.takes_key_of(node)]
+        if plan.replaced is not None:
+            readers.append(plan.replaced)
+        await self._keep_reading(readers)
+        await self._blocking(self.namespace.rename, plan)
+        if plan.replaced is not None and plan.replaced.inode in self._handles:
+            self._keep_orphan(plan.replaced.inode)
 
     async def _not_supported(self, *args: object, **kwargs: object) -> None:
         raise pyfuse3.FUSEError(errno.ENOTSUP)

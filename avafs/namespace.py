@@ -1,4 +1,6 @@
-"""Path -> (source, key): the inode table and the listing cache.
+"""Path -> (source, key): the inode table and the listing cache, and the namespace changes of a
+writable mount (mkdir, rmdir, rename) checked as POSIX has them and planned here, so the FUSE
+operations only translate requests and answers.
 
 Directories are key prefixes ('/' delimiter), with or without marker objects. Listings are the
 unit of caching: a lookup is answered from the parent's cached listing (negative answers too),
@@ -22,6 +24,7 @@ when it answers again.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import math
 import threading
@@ -52,6 +55,11 @@ STALE_WAIT = 1.0
 class ListingUnavailable(StoreError):
     """A directory's listing could not be had from a store that does not answer, and none is
     cached (transient: a later lookup asks again)."""
+
+
+class Refused(OSError):
+    """A change POSIX refuses (the name exists, a directory is not empty, ...): the errno is
+    the whole answer, and nothing failed that the log should tell."""
 
 
 @dataclass(slots=True)
@@ -105,6 +113,36 @@ class _Listing:
     def drop(self, name: str) -> None:
         if self.entries.pop(name, None) is not None:
             self._ordered = None
+
+
+@dataclass(slots=True)
+class RenamePlan:
+    """A rename checked and planned (its directories listed), not yet made."""
+
+    source: str
+    old_parent: Node
+    old_name: str
+    new_parent: Node
+    new_name: str
+    old_key: str
+    new_key: str
+    """The renamed file's key, or the renamed directory's prefix, before and after."""
+    is_dir: bool
+    moves: list[tuple[str, str, Entry]]
+    """(old key, new key, entry as listed) of every file that moves."""
+    markers: list[tuple[str, str]]
+    """(old prefix, new prefix) of every directory that moves."""
+    renamed: Node | None
+    """The node of the renamed file or directory, if the kernel has one."""
+    replaced: Node | None
+    """The node of what the rename replaces (a file, or an empty directory), if any."""
+
+    def takes_key_of(self, node: Node) -> bool:
+        """Whether the rename takes the node's key away from it: the renamed file's node, or
+        any node under the renamed directory (their readers may need a local copy first)."""
+        if self.is_dir:
+            return node.source == self.source and node.key.startswith(self.old_key)
+        return node is self.renamed
 
 
 def _richer(listed: ObjectInfo, known: ObjectInfo | None) -> ObjectInfo:
@@ -452,47 +490,13 @@ class Namespace:
             return
         name = key[len(parent_prefix(key)):].rstrip("/")
         with self._lock:
-            if key.endswith("/"):
-                if info is not None:
-                    listing.put(Entry(name, None))
-            elif info is not None:
-                listing.put(Entry(name, info))
-            else:
+            if info is not None:
+                listing.put(Entry(name, None if key.endswith("/") else info))
+            else:  # a removed directory marker settles after everything that was under it
                 current = listing.entries.get(name)
-                if current is not None and not current.is_dir:
+                if current is not None and current.is_dir == key.endswith("/"):
                     listing.drop(name)
         self.on_changed(source, key)
-
-    def moved(self, node: Node, new_parent: Node, new_name: str, new_key: str) -> None:
-        """The kernel keeps a renamed inode, so the node (and, for a directory, every node
-        below it) must answer for its new key from now on."""
-        with self._lock:
-            self._children.pop((node.parent, node.name), None)
-            stale = self._children.get((new_parent.inode, new_name))
-            if stale is not None and stale != node.inode:
-                del self._children[(new_parent.inode, new_name)]
-            old_key = node.key
-            node.parent, node.name, node.key = new_parent.inode, new_name, new_key
-            self._children[(new_parent.inode, new_name)] = node.inode
-            if node.is_dir:
-                for other in self._nodes.values():
-                    if other is not node and other.source == node.source and \
-                            other.key.startswith(old_key):
-                        other.key = new_key + other.key[len(old_key):]
-
-    def prepare_move(self, source: str, listings: dict[str, _Listing], old_prefix: str,
-                     new_prefix: str) -> None:
-        """Before a directory rename is journaled: the listings of its directories (as the
-        mount shows them, keyed by prefix) under their new prefixes, so an upload settling
-        there (possibly before the rename returns) updates what its files show. With no
-        listing, a file written there showed its size from before the rename."""
-        with self._lock:
-            for prefix, listing in listings.items():
-                moved = new_prefix + prefix[len(old_prefix):]
-                self._listings[(source, moved)] = _Listing(listing.fetched_at, {
-                    name: Entry(name, entry.info and dataclasses.replace(entry.info,
-                                                                         key=moved + name))
-                    for name, entry in listing.entries.items()})
 
     def revalidate(self, node: Node) -> ObjectInfo | None:
         """Current metadata of a file whose cached copy is older than the TTL (blocks); a
@@ -628,3 +632,122 @@ class Namespace:
             if url.startswith(root):
                 return f"{name}/{url[len(root):]}".lstrip("/")
         raise FileNotFoundError(f"{url} is in none of this mount's sources")
+
+    # --- directories and renames, for the writable mount -------------------------------------
+
+    def mkdir(self, parent: Node, name: str) -> Node:
+        """A new directory (blocks while its marker is journaled); Refused if the name is
+        taken. Counts one kernel lookup of its node."""
+        if self.entry(parent, name) is not None:
+            raise Refused(errno.EEXIST, f"{parent.key}{name} exists")
+        self.writeback.mkdir(parent.source, f"{parent.key}{name}/")
+        return self.child(parent, Entry(name, None))
+
+    def rmdir(self, parent: Node, name: str) -> None:
+        """Remove an empty directory (blocks while it is listed and journaled)."""
+        entry = self.entry(parent, name)
+        if entry is None:
+            raise Refused(errno.ENOENT, f"{parent.key}{name} does not exist")
+        if not entry.is_dir:
+            raise Refused(errno.ENOTDIR, f"{parent.key}{name} is a file")
+        prefix = f"{parent.key}{name}/"
+        if self.listing(parent.source, prefix).entries:
+            raise Refused(errno.ENOTEMPTY, f"{prefix} is not empty")
+        self.writeback.rmdir(parent.source, prefix)
+
+    def plan_rename(self, old_parent: Node, old_name: str, new_parent: Node, new_name: str,
+                    replace: bool) -> RenamePlan:
+        """Check a rename within one source as POSIX does (Refused with its errno) and plan it;
+        lists a renamed directory's whole subtree (blocks). `replace`: an existing target may
+        be replaced (no RENAME_NOREPLACE)."""
+        entry = self.entry(old_parent, old_name)
+        if entry is None:
+            raise Refused(errno.ENOENT, f"{old_parent.key}{old_name} does not exist")
+        target = self.entry(new_parent, new_name)
+        if target is not None and not replace:
+            raise Refused(errno.EEXIST, f"{new_parent.key}{new_name} exists")
+        source = old_parent.source
+        if entry.is_dir:
+            old_key, new_key = f"{old_parent.key}{old_name}/", f"{new_parent.key}{new_name}/"
+            if new_key.startswith(old_key):
+                raise Refused(errno.EINVAL, f"cannot move {old_key} into itself")
+            if target is not None and not target.is_dir:
+                raise Refused(errno.ENOTDIR, f"{new_key} is a file")
+            if target is not None and self.listing(source, new_key).entries:
+                raise Refused(errno.ENOTEMPTY, f"{new_key} is not empty")
+            moves, markers = self._directory_moves(source, old_key, new_key)
+        else:
+            old_key, new_key = old_parent.key + old_name, new_parent.key + new_name
+            if target is not None and target.is_dir:
+                raise Refused(errno.EISDIR, f"{new_key} is a directory")
+            moves, markers = [(old_key, new_key, entry)], []
+        return RenamePlan(source, old_parent, old_name, new_parent, new_name, old_key, new_key,
+                          entry.is_dir, moves, markers, self.node_of(old_parent, old_name),
+                          self.node_of(new_parent, new_name) if target is not None else None)
+
+    def _directory_moves(self, source: str, old_prefix: str, new_prefix: str
+                         ) -> tuple[list[tuple[str, str, Entry]], list[tuple[str, str]]]:
+        """Every file and directory under `old_prefix`, as listed now, with its new key; the
+        listings are kept under their new prefixes (`_prepare_move`)."""
+        moves, markers = [], [(old_prefix, new_prefix)]
+        pending_dirs, listings = [old_prefix], {}
+        while pending_dirs:
+            prefix = pending_dirs.pop()
+            listings[prefix] = self.listing(source, prefix)
+            for entry in listings[prefix].ordered:
+                if entry.is_dir:
+                    sub = f"{prefix}{entry.name}/"
+                    markers.append((sub, new_prefix + sub[len(old_prefix):]))
+                    pending_dirs.append(sub)
+                else:
+                    key = prefix + entry.name
+                    moves.append((key, new_prefix + key[len(old_prefix):], entry))
+        self._prepare_move(source, listings, old_prefix, new_prefix)
+        return moves, markers
+
+    def rename(self, plan: RenamePlan) -> None:
+        """Make a planned rename: write-back journals it as one batch (blocks until it is
+        durable), then the nodes answer for their new keys and the replaced one for none. A
+        moved file with no pending state is clean; its info is looked up as the rename is
+        applied (an upload settling after the file was listed makes it clean, with the info
+        the listing has now)."""
+        source = plan.source
+        listed = {old: entry.info for old, _, entry in plan.moves}
+        self.writeback.rename(source, [(old, new) for old, new, _ in plan.moves], plan.markers,
+                              lambda key: self.listed_info(source, key) or listed[key])
+        if plan.replaced is not None:
+            self.detach(plan.replaced)
+        node = self.node_of(plan.old_parent, plan.old_name)
+        if node is not None:
+            self._moved(node, plan.new_parent, plan.new_name, plan.new_key)
+
+    def _prepare_move(self, source: str, listings: dict[str, _Listing], old_prefix: str,
+                      new_prefix: str) -> None:
+        """Before a directory rename is journaled: the listings of its directories (as the
+        mount shows them, keyed by prefix) under their new prefixes, so an upload settling
+        there (possibly before the rename returns) updates what its files show. With no
+        listing, a file written there showed its size from before the rename."""
+        with self._lock:
+            for prefix, listing in listings.items():
+                moved = new_prefix + prefix[len(old_prefix):]
+                self._listings[(source, moved)] = _Listing(listing.fetched_at, {
+                    name: Entry(name, entry.info and dataclasses.replace(entry.info,
+                                                                         key=moved + name))
+                    for name, entry in listing.entries.items()})
+
+    def _moved(self, node: Node, new_parent: Node, new_name: str, new_key: str) -> None:
+        """The kernel keeps a renamed inode, so the node (and, for a directory, every node
+        below it) must answer for its new key from now on."""
+        with self._lock:
+            self._children.pop((node.parent, node.name), None)
+            stale = self._children.get((new_parent.inode, new_name))
+            if stale is not None and stale != node.inode:
+                del self._children[(new_parent.inode, new_name)]
+            old_key = node.key
+            node.parent, node.name, node.key = new_parent.inode, new_name, new_key
+            self._children[(new_parent.inode, new_name)] = node.inode
+            if node.is_dir:
+                for other in self._nodes.values():
+                    if other is not node and other.source == node.source and \
+                            other.key.startswith(old_key):
+                        other.key = new_key + other.key[len(old_key):]

@@ -1,5 +1,7 @@
 """The vocabulary every layer shares: an object version as a reader opened it, what a cached
-block of it is called, which blocks a byte range touches, and the directory a key lives in."""
+block of it is called, which blocks a byte range touches, the directory a key lives in, and
+what a local file of some length takes on disk (counted alike by the disk tier's cap and by
+write-back's dirty bytes, which share one disk)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from .stores.base import ObjectStore
+
+_ALLOCATION_UNIT = 4096
 
 
 class BlockId(NamedTuple):
@@ -55,3 +59,8 @@ class ObjectRef:
 def parent_prefix(key: str) -> str:
     stripped = key[:-1] if key.endswith("/") else key
     return stripped.rpartition("/")[0] + "/" if "/" in stripped else ""
+
+
+def allocated(size: int) -> int:
+    """Bytes a file of `size` occupies on disk, so the caps match what `du` reports."""
+    return -(-size // _ALLOCATION_UNIT) * _ALLOCATION_UNIT

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from datasets import payload
+from sample_data import payload
 from support import run_avafs, unmount
 
 from avafs.client import Client

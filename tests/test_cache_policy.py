@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rocksdict import Options, Rdict
 
-from avafs.objects import BlockId
-from avafs.tiers.disk import DiskTier, allocated
+from avafs.objects import BlockId, allocated
+from avafs.tiers.disk import DiskTier
 from avafs.tiers.frequency import FrequencyCache
 
 BLOCK = 4096

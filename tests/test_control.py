@@ -10,8 +10,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from datasets import payload, sha256
 from prometheus_client.parser import text_string_to_metric_families
+from sample_data import payload, sha256
 from support import S3Server, run_avafs
 
 from avafs.client import Client, NotAnAvafsMount

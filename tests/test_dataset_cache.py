@@ -12,7 +12,7 @@ import os
 import random
 from pathlib import Path
 
-from datasets import payload
+from sample_data import payload
 from support import run_avafs
 
 from avafs.client import Client

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from datasets import payload
+from sample_data import payload
 from support import unmount
 
 from avafs.client import AvafsError, Client

@@ -9,7 +9,7 @@ import os
 import tempfile
 
 import pytest
-from datasets import payload
+from sample_data import payload
 from support import unmount
 from test_write_path import store_bytes, store_keys
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from datasets import Bucket, payload, sha256
+from sample_data import Bucket, payload, sha256
 
 from avafs.client import Client
 

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import pytest
-from datasets import payload
 from prometheus_client.parser import text_string_to_metric_families
+from sample_data import payload
 from support import free_port, run_avafs
 
 from avafs.client import Client

@@ -7,7 +7,7 @@ import contextlib
 import os
 import time
 
-from datasets import payload, sha256
+from sample_data import payload, sha256
 from support import unmount
 from test_write_path import store_bytes
 

@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from datasets import payload, sha256
+from sample_data import payload, sha256
 from support import run_avafs, unmount
 
 from avafs.client import Client

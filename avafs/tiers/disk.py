@@ -23,7 +23,7 @@ from pathlib import Path
 
 from rocksdict import Options, Rdict, WriteBatch
 
-from ..objects import BlockId
+from ..objects import BlockId, allocated
 from .block_files import BlockFileWriter
 from .frequency import FrequencyCache
 from .lru import CappedLRU, TierAccounting
@@ -33,18 +33,12 @@ log = logging.getLogger(__name__)
 _RECORD = struct.Struct("<QIQI")  # size, crc32, access sequence, reads (dataset policy)
 _RECORD_V1 = struct.Struct("<QIQ")
 """Records written before reads were counted; such blocks come back with one read."""
-_ALLOCATION_UNIT = 4096
 BLOCKS_DIR = "blocks"
 
 
 def _relative_path(block: BlockId) -> str:
     name = block.file_name()
     return f"{BLOCKS_DIR}/{name[:2]}/{name}"
-
-
-def allocated(size: int) -> int:
-    """Bytes a file of `size` occupies on disk, so the cap matches what `du` reports."""
-    return -(-size // _ALLOCATION_UNIT) * _ALLOCATION_UNIT
 
 
 class DiskTier(TierAccounting):

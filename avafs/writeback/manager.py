@@ -32,15 +32,13 @@ import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import ObjectChangedError, StoreError
 from ..metrics import Metrics
-from ..objects import ObjectRef, parent_prefix
+from ..objects import ObjectRef, allocated, parent_prefix
 from ..stores.base import ObjectInfo
 from ..stores.metadata import Attrs
-from ..tiers.disk import DiskTier, allocated
-from ..tiers.stack import TierStack
 from .journal import Journal
 from .pending import COPY, DATA, DELETED, Pending
 from .streaming import StreamUploads
@@ -48,17 +46,37 @@ from .streaming import StreamUploads
 log = logging.getLogger(__name__)
 
 Settled = Callable[[str, str, ObjectInfo | None], None]
+ReadObject = Callable[[ObjectRef, int, int], bytes]
+"""Reads `size` bytes at `offset` of an object version (blocks): how an existing object is
+copied in when it is first opened for writing."""
 _COPY_IN_CHUNK = 4 * 2**20
+_ENOSPC_AFTER = 30.0
+"""Seconds the store must have been unreachable, with the disk all dirty data, before writes
+fail with ENOSPC instead of waiting for uploads."""
+
+
+class DirtySpace(Protocol):
+    """The local disk space dirty data shares with the disk cache: dirty bytes are reserved
+    from it (clean blocks make room for them, never the other way round)."""
+
+    @property
+    def capacity(self) -> int: ...
+
+    def reserve(self, dirty_bytes: int) -> None: ...
 
 
 class WriteBack:
-    def __init__(self, directory: Path, stack: TierStack, disk: DiskTier, metrics: Metrics,
-                 dirty_limit: int, sync_uploads: bool, delay: float) -> None:
+    """The dirty files and pending states of one mount. It knows no tier and no namespace: it
+    is handed how to read an object's version (to copy it in) and the disk space it shares
+    with the cache, and tells who listens through `on_settled` and `on_changed`."""
+
+    def __init__(self, directory: Path, read_object: ReadObject, space: DirtySpace,
+                 metrics: Metrics, dirty_limit: int, sync_uploads: bool, delay: float) -> None:
         self.directory = directory
         self.data_dir = directory / "data"
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.stack = stack
-        self.disk = disk
+        self.read_object = read_object
+        self.space = space
         self.metrics = metrics
         self.dirty_limit = dirty_limit
         self.sync_uploads = sync_uploads
@@ -230,7 +248,7 @@ class WriteBack:
 
     def _account(self) -> None:
         """Publish dirty usage: reserve it from the disk tier and update the gauges."""
-        self.disk.reserve(self.dirty_bytes)
+        self.space.reserve(self.dirty_bytes)
         self.metrics.dirty_bytes.set(self.dirty_bytes)
         self.metrics.upload_queue.set(len(self._pending))
 
@@ -298,7 +316,7 @@ class WriteBack:
         try:
             with open(path, "wb") as target:
                 for offset in range(0, base.size if base is not None else 0, _COPY_IN_CHUNK):
-                    target.write(self.stack.read(base, offset, _COPY_IN_CHUNK))
+                    target.write(self.read_object(base, offset, _COPY_IN_CHUNK))
         except BaseException:
             path.unlink(missing_ok=True)
             raise
@@ -366,13 +384,25 @@ class WriteBack:
     def over_dirty_limit(self) -> bool:
         return self.dirty_bytes > self.dirty_limit
 
-    def has_uploadable(self) -> bool:
-        """Whether waiting can help: some pending change is not held open by a writer."""
+    def room_to_write(self) -> bool:
+        """Whether a write may go ahead now (asked before each write; never blocks). Past the
+        dirty watermark, while some pending change is not held open by a writer (so waiting
+        can help), writers wait for uploads instead of failing, and uploads skip the write-back
+        delay until the next `flush`: False means ask again shortly. ENOSPC (OSError) only when the disk
+        is all dirty data and the store has been unreachable for a while."""
+        if not self.over_dirty_limit():
+            return True
         with self.lock:
-            return any(not entry.writers for entry in self._pending.values())
-
-    def disk_full_of_dirty_data(self) -> bool:
-        return self.dirty_bytes >= self.disk.capacity
+            if all(entry.writers for entry in self._pending.values()):
+                return True
+            self.eager = True
+            unreachable = self.store_unreachable_since
+        if self.dirty_bytes >= self.space.capacity and unreachable is not None and \
+                time.monotonic() - unreachable > _ENOSPC_AFTER:
+            raise OSError(errno.ENOSPC, f"no space: the disk tier holds only dirty data "
+                          f"({self.dirty_bytes} bytes) and the store has been unreachable for "
+                          f"{time.monotonic() - unreachable:.0f}s")
+        return False
 
     def commit(self, entry: Pending, fd: int | None) -> None:
         """Make the entry's data and state durable locally (close() and fsync() wait for it)."""
