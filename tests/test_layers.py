@@ -74,6 +74,13 @@ def layer_entry(name: str) -> tuple[int, str]:
     return rank, prefix
 
 
+def test_the_graph_is_the_package() -> None:
+    """Guards the other tests against passing on an empty or misread graph."""
+    assert {"avafs.fuse_ops", "avafs.tiers.stack", "avafs.writeback.manager"} <= MODULES.keys()
+    assert "avafs.tiers.stack" in GRAPH["avafs.daemon"]
+    assert "avafs.objects" in GRAPH["avafs.tiers.stack"]
+
+
 def test_every_import_resolves_to_a_module() -> None:
     unknown = {(name, target) for name, targets in GRAPH.items() for target in targets
                if target not in MODULES}
