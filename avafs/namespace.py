@@ -154,6 +154,17 @@ def _richer(listed: ObjectInfo, known: ObjectInfo | None) -> ObjectInfo:
     return listed
 
 
+def _settle_into(listing: _Listing, key: str, info: ObjectInfo | None) -> None:
+    """Show in a directory's listing what the store now has for `key` (None: deleted)."""
+    name = key[len(parent_prefix(key)):].rstrip("/")
+    if info is not None:
+        listing.put(Entry(name, None if key.endswith("/") else info))
+    else:  # a removed directory marker settles after everything that was under it
+        current = listing.entries.get(name)
+        if current is not None and current.is_dir == key.endswith("/"):
+            listing.drop(name)
+
+
 def valid_name(name: str) -> bool:
     return (name not in ("", ".", "..") and "\0" not in name
             and len(name.encode("utf-8", "surrogateescape")) <= NAME_MAX)
@@ -178,6 +189,10 @@ class Namespace:
         self._listings: dict[tuple[str, str], _Listing] = {}
         self._listing_loads: dict[tuple[str, str], tuple[float, Future[_Listing]]] = {}
         """Fetches in flight, by directory, with the time their first caller began waiting."""
+        self._settled_while_loading: dict[tuple[str, str],
+                                          list[tuple[str, ObjectInfo | None]]] = {}
+        """(key, info) of the uploads that settled in a directory while its listing was being
+        fetched, in order: the fetched listing may not have them yet."""
         self._reported: set[str] = set()
         self._describe_paused_until = -math.inf
         self.single_source = set(stores) == {""}
@@ -337,16 +352,22 @@ class Namespace:
         return state is not None and state.kind != DELETED
 
     def _load_listing(self, slot: tuple[str, str]) -> _Listing:
-        """Fetch and cache a listing (in the lister pool); its fetch slot is freed however it
+        """Fetch and cache a listing (in the lister pool), with the uploads that settled in the
+        directory while it was fetched applied over it; its fetch slot is freed however it
         ends, so the next caller after a failure asks the store again."""
         try:
             listing = self._fetch_listing(*slot)
-            with self._lock:
-                self._listings[slot] = listing
-            return listing
-        finally:
+        except BaseException:
             with self._lock:
                 self._listing_loads.pop(slot, None)
+                self._settled_while_loading.pop(slot, None)
+            raise
+        with self._lock:
+            for key, info in self._settled_while_loading.pop(slot, ()):
+                _settle_into(listing, key, info)
+            self._listings[slot] = listing
+            self._listing_loads.pop(slot, None)
+        return listing
 
     def absence_guessed(self, parent: Node, name: str) -> bool:
         """Whether `name` reads as absent only because its directory could not be listed (the
@@ -484,19 +505,37 @@ class Namespace:
             entry.info.key == key else None
 
     def settled(self, source: str, key: str, info: ObjectInfo | None) -> None:
-        """The store now has `info` for `key` (None: deleted); keep cached listings true."""
-        listing = self._listings.get((source, parent_prefix(key)))
-        if listing is None:
-            return
-        name = key[len(parent_prefix(key)):].rstrip("/")
+        """The store now has `info` for `key` (None: deleted), and the key's pending state goes:
+        what the mount shows of it must be the store's version from now on. That is in the
+        directory's cached listing; in a listing being fetched, whose answer may predate the
+        upload and must not bring back the version before it (nor hide a file a pending copy
+        showed); and in the file's node, which names the pending state's local version if it
+        was looked up while the state was pending, in a directory never listed (a lookup after
+        a remount): no store has that version, so reading it would fail."""
+        slot = (source, parent_prefix(key))
         with self._lock:
-            if info is not None:
-                listing.put(Entry(name, None if key.endswith("/") else info))
-            else:  # a removed directory marker settles after everything that was under it
-                current = listing.entries.get(name)
-                if current is not None and current.is_dir == key.endswith("/"):
-                    listing.drop(name)
+            if slot in self._listing_loads:
+                self._settled_while_loading.setdefault(slot, []).append((key, info))
+            file = info is not None and not key.endswith("/")
+            node = self._node_named(source, key) if file else None
+            if node is not None:
+                node.info, node.checked_at = info, self._clock()
+            listing = self._listings.get(slot)
+            if listing is None:
+                return
+            _settle_into(listing, key, info)
         self.on_changed(source, key)
+
+    def _node_named(self, source: str, key: str) -> Node | None:
+        """The node the kernel reaches by the path of `key`, if it has one (call with the lock
+        held): found through the names, as nodes are indexed by their parent, not by key."""
+        inode: int | None = ROOT_INODE
+        for part in ([] if self.single_source else [source]) + key.rstrip("/").split("/"):
+            inode = self._children.get((inode, part))
+            if inode is None:
+                return None
+        node = self._nodes.get(inode)
+        return node if node is not None and node.key == key else None
 
     def revalidate(self, node: Node) -> ObjectInfo | None:
         """Current metadata of a file whose cached copy is older than the TTL (blocks); a

@@ -7,6 +7,7 @@ import contextlib
 import errno
 import os
 import tempfile
+import time
 
 import pytest
 from sample_data import payload
@@ -265,3 +266,56 @@ def test_file_opened_while_its_rename_is_copied_reads_on_after_the_copy(s3_serve
         Client(mnt).flush()  # the copy lands and the old name is deleted
         assert store_keys(s3_server, bucket) == {"after.bin"}
         assert os.pread(reader.fileno(), len(data), 0) == data
+
+
+def _kill(mnt) -> None:
+    """kill -9 the mount's daemon and detach the dead mount: its journal is left to replay."""
+    pid = int(os.getxattr(mnt, "user.avafs.pid"))
+    os.kill(pid, 9)
+    wait_for_exit(pid, 30)
+    unmount(mnt)
+
+
+def test_file_looked_up_while_pending_reads_its_upload_after_a_remount(s3_server, bucket,
+                                                                       s3_mount):
+    """After a remount, a file is looked up while its replayed upload is pending (in a
+    directory never listed), and opened once the upload landed: it reads the uploaded
+    version, where it got ESTALE (its node kept the pending state's local ETag)."""
+    mnt = s3_mount("--writeback-delay", "3600")
+    (mnt / "d").mkdir()
+    (mnt / "d" / "f").write_bytes(b"acknowledged")
+    _kill(mnt)
+    mnt = s3_mount("--writeback-delay", "3600", mountpoint=mnt)
+    assert (mnt / "d" / "f").stat().st_size == len(b"acknowledged")
+    Client(mnt).flush()
+    assert store_bytes(s3_server, bucket, "d/f") == b"acknowledged"
+    assert (mnt / "d" / "f").read_bytes() == b"acknowledged"
+
+
+def test_directory_renamed_before_a_crash_lists_every_file_while_its_copies_land(
+        s3_server, bucket, s3_mount, proxy):
+    """A directory of uploaded files is renamed, the daemon killed before the copies land, and
+    the next mount lists the new directory while the replayed copies land, through a slow
+    store: every file is listed and reads back. A listing the store answered before some
+    copies landed, arriving after them, hid those files until --metadata-ttl."""
+    files = {f"f{number:03}": payload(number, 100) for number in range(200)}
+    mnt = s3_mount("--writeback-delay", "3600", endpoint=proxy.endpoint)
+    (mnt / "d1").mkdir()
+    for name, data in files.items():
+        (mnt / "d1" / name).write_bytes(data)
+    Client(mnt).flush()
+    os.rename(mnt / "d1", mnt / "d2")
+    _kill(mnt)
+    proxy.rate, proxy.mode = 64 * 1024, "slow"
+    mnt = s3_mount("--writeback-delay", "0", endpoint=proxy.endpoint, mountpoint=mnt)
+    deadline = time.monotonic() + 60  # list once some copies landed: a long answer, slowly
+    while len([key for key in store_keys(s3_server, bucket) if key.startswith("d2/f")]) < 60:
+        assert time.monotonic() < deadline, "the replayed copies do not land"
+        time.sleep(0.05)
+    assert sorted(os.listdir(mnt / "d2")) == sorted(files)
+    proxy.mode = "pass"
+    for name, data in files.items():
+        assert (mnt / "d2" / name).read_bytes() == data
+    Client(mnt).flush()
+    assert {key for key in store_keys(s3_server, bucket) if not key.endswith("/")} == {
+        f"d2/{name}" for name in files}

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import errno
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +17,8 @@ from hypothesis import strategies as st
 from local_writeback import LocalWriteSide, store_files
 
 from avafs.namespace import Refused
+from avafs.stores.base import Listing
+from avafs.stores.local import LocalStore
 from avafs.writeback.pending import COPY, DATA, DELETED
 
 
@@ -131,6 +135,57 @@ def test_mkdir_and_rmdir(side):
     assert side.names() == ["full"]
     side.flush()
     assert not (side.bucket / "new").exists()
+
+
+class ListingsHeldBack(LocalStore):
+    """A local bucket whose listings, while `answer` is clear, are taken when asked and
+    answered only once it is set: a LIST the store answered before an upload landed that
+    arrives after it."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.asked = threading.Event()
+        self.answer = threading.Event()
+        self.answer.set()
+
+    def list_dir(self, prefix: str) -> Listing:
+        listing = super().list_dir(prefix)
+        self.asked.set()
+        assert self.answer.wait(30)
+        return listing
+
+
+def test_a_listing_asked_before_uploads_land_and_answered_after_shows_them(tmp_path):
+    """After a crash, the listing of a renamed directory is asked before the replayed copies
+    of its files land, and answered after: it must show them (the file went missing from the
+    mount until --metadata-ttl), and a file looked up while its copy was pending must name the
+    version the store has now, not the pending state's (ESTALE on open)."""
+    (tmp_path / "bucket" / "d1").mkdir(parents=True)
+    store = ListingsHeldBack(tmp_path / "bucket")
+    side = LocalWriteSide(tmp_path, store=store)
+    try:
+        side.write("d1/f", b"stored")
+        side.flush()
+        side.rename("d1", "d2")
+        side.restart()
+        looked_up = side.namespace.lookup(side.directory_node("d2"), "f")
+        store.asked.clear()
+        store.answer.clear()
+        threading.Thread(target=side.namespace.listing, args=("", "d2/"), daemon=True).start()
+        assert store.asked.wait(10)
+        side.flush()
+        stored = store.head("d2/f")
+        assert side.namespace.current_info(looked_up) == stored
+        store.answer.set()
+        deadline = time.monotonic() + 10
+        while side.namespace.cached_listing("", "d2/") is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert side.names("d2") == ["f"]
+        assert side.namespace.listed_info("", "d2/f").etag == stored.etag
+        assert side.read("d2/f") == b"stored"
+    finally:
+        side.close()
 
 
 # --- random changes against a model ------------------------------------------------------------
