@@ -165,3 +165,31 @@ def test_daemon_killed_mid_stream_then_remount_uploads_the_fsynced_file(s3_serve
     Client(mnt).flush()
     assert sha256(store_bytes(s3_server, bucket, "ckpt.pt")) == sha256(data)
     wait_until_no_uploads(s3_server, bucket)  # the next mount aborted the one left unfinished
+
+
+def test_a_large_file_uploaded_after_close_and_cut_by_a_kill_leaves_no_upload_open(
+        s3_server, bucket, s3_mount, proxy):
+    """A file written out of order does not stream; its upload after close goes in parts all
+    the same, journaled, so the next mount aborts what a kill left in the store."""
+    mnt = s3_mount(endpoint=proxy.endpoint)
+    data = payload(9, 70 * MiB)
+    with open(mnt / "shuffled.bin", "wb") as file:
+        file.seek(69 * MiB)
+        file.write(data[69 * MiB:])
+        file.seek(0)
+        write(file, data[:69 * MiB])
+        proxy.mode = "slow"
+    deadline = time.monotonic() + 60
+    while not uploads_in_progress(s3_server, bucket):
+        assert time.monotonic() < deadline, "the upload never began"
+        time.sleep(0.1)
+    time.sleep(0.5)  # the upload id reaches the journal right after the store gave it
+    pid = int(os.getxattr(mnt, "user.avafs.pid"))
+    os.kill(pid, 9)
+    wait_for_exit(pid, 30)
+    unmount(mnt)
+    proxy.mode = "pass"
+    mnt = s3_mount(mountpoint=mnt)
+    Client(mnt).flush()
+    assert sha256(store_bytes(s3_server, bucket, "shuffled.bin")) == sha256(data)
+    wait_until_no_uploads(s3_server, bucket)

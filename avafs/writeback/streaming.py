@@ -8,9 +8,12 @@ which the file is uploaded whole after close like any other. Only the uploader c
 stream, once the file is committed, with the entry's generation unchanged (the check a whole
 upload gets).
 
-A crash loses the parts sent, never data: the journaled file is uploaded whole by the next
+A crash loses the parts sent, never data: the journaled file is uploaded again by the next
 mount, which also aborts the uploads the journal lists as started and not ended, so no parts
-are left behind in the bucket.
+are left behind in the bucket. For that every multipart upload of a mount goes through here,
+journaled before its first part: a committed file of STREAM_FROM bytes or more that did not
+stream while written (written out of order, replayed after a remount) is sent in parts here
+too (`upload_in_parts`), not by the store's own managed upload, whose id no journal knows.
 """
 
 from __future__ import annotations
@@ -95,6 +98,24 @@ class StreamUploads:
             entry.stream = stream
             self._active.add(stream)
         self._send(stream, entry.appended_to, last=False)
+
+    def upload_in_parts(self, entry: Pending, generation: int) -> ObjectInfo | None:
+        """Upload a committed file that has no stream, part by part with its upload
+        journaled (in an uploader thread); None where it is too small for parts or the store
+        has none, so the caller puts it whole. A write while the parts go up ends the stream
+        as it would any other (`finish` then says None). Raises StoreError as `finish`."""
+        with self._lock:
+            uploads = self._stores[entry.source].multipart()
+            if uploads is None or entry.stream is not None or entry.kind != DATA or \
+                    not entry.file or entry.size < STREAM_FROM:
+                return None
+            fd = os.open(self._data_dir / entry.file, os.O_RDONLY)
+            entry.appended_to = None  # a later write ends this stream, it never extends it
+            entry.stream = Stream(uploads, entry.source, entry.key, fd,
+                                  self._pool.submit(self._start, uploads, entry.source,
+                                                    entry.key))
+            self._active.add(entry.stream)
+        return self.finish(entry, generation)
 
     def _start(self, uploads: MultipartUploads, source: str, key: str) -> str:
         upload_id = uploads.start_upload(key)

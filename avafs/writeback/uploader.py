@@ -106,10 +106,10 @@ class Uploader:
                               None if entry.attrs is None else entry.mtime, entry.attrs)
         assert entry.kind == DATA
         attrs = entry.attrs or Attrs()
-        if entry.stream is not None:
-            info = self.streams.finish(entry, generation)
-            if info is not None:  # parts carry no metadata: the attributes follow in a copy
-                return store.copy(entry.key, entry.key, info.etag, entry.mtime, attrs)
+        info = (self.streams.finish(entry, generation) if entry.stream is not None
+                else self.streams.upload_in_parts(entry, generation))
+        if info is not None:  # parts carry no metadata: the attributes follow in a copy
+            return store.copy(entry.key, entry.key, info.etag, entry.mtime, attrs)
         path = self.writeback.data_path(entry)
         if path is None:
             return store.put(entry.key, io.BytesIO(b""), 0)
