@@ -22,7 +22,11 @@ nodes that claimed parts of one run never wait on each other.
 
 Failure. The tier is a cache: a request that fails (after one try, with `--cluster-timeout`)
 sends the block to the source and turns the tier off for PAUSE_AFTER_ERROR seconds, so a store
-that is down costs one timeout per pause, not one per block.
+that is down costs one timeout per pause, not one per block. A claim whose request failed may
+still have created its marker (a store that answered too late), and a marker due for deletion
+while the tier is off stays: both are left-overs, deleted by the fill threads once the tier is
+on again, so other nodes do not wait FILL_WAIT on a block this node will never fill. (A claim
+that is only retried, not left over, would find its own marker and take it for another node's.)
 """
 
 from __future__ import annotations
@@ -72,6 +76,8 @@ class ClusterTier:
         self._node = socket.gethostname().encode() or b"avafs"
         self._lock = threading.Lock()
         self._claimed: set[BlockId] = set()
+        self._left_over: set[BlockId] = set()
+        """Markers this node may have left in the store (see the module docstring)."""
         self._queued_bytes = 0
         self._fills: queue.Queue[tuple[BlockId, bytes | None] | None] = queue.Queue()
         self._down_until = 0.0
@@ -157,6 +163,9 @@ class ClusterTier:
             won = self.bucket.create_if_absent(self.marker_key(block), self._node)
         except StoreError as error:
             self._failed("claim", error)
+            if not error.permanent:
+                with self._lock:
+                    self._left_over.add(block)
             return True
         if won:
             with self._lock:
@@ -253,8 +262,16 @@ class ClusterTier:
         return self._get(block, size) is not None
 
     def _fill_in_background(self) -> None:
-        while (item := self._fills.get()) is not None:
+        while True:
+            try:
+                item = self._fills.get(timeout=PAUSE_AFTER_ERROR)
+            except queue.Empty:
+                self._delete_left_overs()
+                continue
+            if item is None:
+                return
             block, data = item
+            self._delete_left_overs()
             try:
                 if data is not None:
                     try:
@@ -277,12 +294,25 @@ class ClusterTier:
                               block.key)
 
     def _delete_marker(self, block: BlockId) -> None:
-        if not self.reachable:
-            return
-        try:
-            self.bucket.delete(self.marker_key(block))
-        except StoreError as error:
-            self._failed("claim", error)
+        """Delete the block's marker; kept as a left-over while the tier is off or when the
+        delete fails."""
+        if self.reachable:
+            try:
+                self.bucket.delete(self.marker_key(block))
+                return
+            except StoreError as error:
+                self._failed("claim", error)
+        with self._lock:
+            self._left_over.add(block)
+
+    def _delete_left_overs(self) -> None:
+        """Delete the markers left over while the tier is on (one fill thread's turn)."""
+        while self.reachable:
+            with self._lock:
+                if not self._left_over:
+                    return
+                block = self._left_over.pop()
+            self._delete_marker(block)
 
     def close(self) -> None:
         """Write what is queued (each write bounded by the store's timeouts), then stop."""
