@@ -38,6 +38,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from ..errors import StoreError
@@ -52,6 +53,9 @@ log = logging.getLogger(__name__)
 FILL_MEMORY = 64 * 2**20
 """Bytes of blocks waiting to be written to the cluster store; more are dropped."""
 FILL_THREADS = 2
+LOOKUP_THREADS = 4
+"""GETs of one piece of a stream sent at the same time (`get_all`): a block of the tier costs
+a request's round trip more than one of the disk tier, and lookups side by side hide it."""
 FILL_WAIT = 10.0
 """Longest wait for a block another node is filling, and the age past which its marker is
 taken for the mark of a node that died."""
@@ -83,6 +87,7 @@ class ClusterTier:
         self._down_until = 0.0
         self.last_error: str | None = None
         metrics.cluster_fill_queue.set_function(lambda: self.queued_bytes)
+        self._lookups = ThreadPoolExecutor(LOOKUP_THREADS, thread_name_prefix="avafs-cluster-get")
         self._threads = [threading.Thread(target=self._fill_in_background, daemon=True,
                                           name=f"avafs-cluster-fill-{number}")
                          for number in range(FILL_THREADS)]
@@ -172,13 +177,24 @@ class ClusterTier:
                 self._claimed.add(block)
         return won
 
+    def get_all(self, blocks: list[tuple[BlockId, int]]) -> list[bytes | None]:
+        """`get` of each (block, size), LOOKUP_THREADS at a time, in order."""
+        return list(self._lookups.map(lambda item: self.get(*item), blocks))
+
     def get_or_claim(self, block: BlockId, size: int) -> tuple[bytes | None, bool]:
         """The block if the tier holds it; else whether this node is to read it from the
-        source (`claim`). A won claim looks once more: the node that filled the block may
-        have removed its marker between this node's look and its claim."""
+        source (`claim_missing`)."""
         data = self.get(block, size)
-        if data is not None or not self.claim(block):
+        if data is not None:
             return data, False
+        return self.claim_missing(block, size)
+
+    def claim_missing(self, block: BlockId, size: int) -> tuple[bytes | None, bool]:
+        """After a miss: whether this node is to read the block from the source (`claim`),
+        or the block itself. A won claim looks once more: the node that filled the block may
+        have removed its marker between this node's look and its claim."""
+        if not self.claim(block):
+            return None, False
         data = self.get(block, size)
         if data is not None:
             self.release(block)
@@ -316,6 +332,7 @@ class ClusterTier:
 
     def close(self) -> None:
         """Write what is queued (each write bounded by the store's timeouts), then stop."""
+        self._lookups.shutdown()
         for _ in self._threads:
             self._fills.put(None)
         for thread in self._threads:
