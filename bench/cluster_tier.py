@@ -37,6 +37,8 @@ from mounts import AvafsMount, unmount_everything  # noqa: E402
 from s3server import BUCKET, CREDENTIALS, MotoServer  # noqa: E402
 from seaweed import SeaweedCluster  # noqa: E402
 
+from avafs.client import Client  # noqa: E402
+
 CACHE = "avafs-cache"
 RAM_CACHE = 64 * MiB
 """Small, so that a remounted node reads from its disk tier, not from memory it kept."""
@@ -57,6 +59,10 @@ class Result:
     late: float = 0.0
     late_amplification: float = 0.0
     warm: float = 0.0
+    errors: int = 0
+    """Failed cluster tier requests, every node's (`cluster.errors` of their status)."""
+    dropped: int = 0
+    """Blocks read from the origin but not written to the cluster tier, every node's."""
 
 
 class Nodes:
@@ -108,6 +114,10 @@ def run(names: list[str], dataset: int, nodes: int, threads: int, proxy: FaultPr
         result = Result((proxy.received_from_upstream - before) / dataset, times)
         if cluster is None:
             return result
+        for mount in mounts:
+            tier = Client(mount.mountpoint).status()["cluster"]
+            result.errors += sum(tier["errors"].values())
+            result.dropped += tier["fills_dropped"]
         before = proxy.received_from_upstream
         late = group.add()
         result.late = read_all(late.mountpoint, names, threads)[1]
@@ -187,8 +197,10 @@ def main() -> int:
                               f"{'cluster tier' if tier else 'local only'}: origin / dataset "
                               f"{result.amplification:.2f}, first epochs "
                               f"{', '.join(f'{s:.1f}' for s in result.epochs)} s"
-                              + (f", late {result.late:.1f} s, warm {result.warm:.1f} s"
-                                 if tier else ""), flush=True)
+                              + (f"; tier errors {result.errors}, fills dropped "
+                                 f"{result.dropped}; late {result.late:.1f} s (origin / "
+                                 f"dataset {result.late_amplification:.2f}), warm "
+                                 f"{result.warm:.1f} s" if tier else ""), flush=True)
                         results.setdefault((nodes, tier is not None), []).append(result)
             for nodes in args.nodes:
                 report(nodes, results[nodes, False], results[nodes, True], dataset)
