@@ -1,15 +1,20 @@
-"""Origin amplification of nodes cold-reading one dataset together, with and without the
-cluster tier (`--cluster-cache` on a loopback SeaweedFS cluster).
+"""Nodes cold-reading one dataset from a distant origin, with and without the cluster tier
+(`--cluster-cache` on a loopback SeaweedFS cluster).
 
-    python3 bench/cluster_tier.py [--nodes 1 2 3] [--files 24] [--large 4] [--threads 2]
+    python3 bench/cluster_tier.py [--nodes 1 2 4] [--large 12] [--files 64] [--threads 2]
+                                  [--rate 50] [--latency 0.02] [--runs 1]
 
-Every node is its own daemon with its own cache dir and mountpoint, over one file:// origin
-(each daemon counts the bytes it read from it, `bytes_served.store`). For each node count the
-nodes read the whole dataset at the same time, in the same order; the script prints origin
-bytes per dataset byte and each node's read time. A node that then starts cold reads the
-dataset again (from the cluster tier where there is one). The origin here is a local
-directory, not a throttled cloud link: the figures are the amplification, and times only
-compare the runs with each other.
+The origin is moto's S3 server behind the tests' fault proxy in "link" mode, standing in for
+the cloud: all connections together get `--rate` MB/s, and every answer starts `--latency`
+seconds after its request. The cluster tier is a SeaweedFS cluster on loopback (two volume
+servers, replication 001), not throttled. Every node is its own daemon with its own cache dir
+and mountpoint. For each node count, the nodes read the whole dataset at the same time, in the
+same order (their first epoch), local only and then with the cluster tier; the origin bytes are
+what the proxy relayed from moto (HTTP headers, listings and read-ahead included). After the
+run with the tier a late node starts with an empty cache dir and reads the dataset (from the
+cluster tier), then the first node is remounted on its cache dir and reads it again (from its
+warm disk tier): the issue asks the late node for >= 0.8 x the warm node's speed. Each run's
+cluster tier uses a prefix of its own, so it starts empty.
 """
 
 from __future__ import annotations
@@ -19,88 +24,191 @@ import os
 import sys
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests"))  # seaweed.py
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests"))  # proxy, SeaweedFS
 
-from common import MiB, avafs, make_dataset, read_all, write_local  # noqa: E402
+from common import MiB, make_dataset, median, read_all  # noqa: E402
+from fault_proxy import FaultProxy  # noqa: E402
+from mounts import AvafsMount, unmount_everything  # noqa: E402
+from s3server import BUCKET, CREDENTIALS, MotoServer  # noqa: E402
 from seaweed import SeaweedCluster  # noqa: E402
 
 from avafs.client import Client  # noqa: E402
 
 CACHE = "avafs-cache"
+RAM_CACHE = 64 * MiB
+"""Small, so that a remounted node reads from its disk tier, not from memory it kept."""
+DISK_CACHE = 4096 * MiB
 
 
-def mount(origin: Path, root: Path, name: str, cluster: SeaweedCluster | None,
-          prefix: str) -> Path:
-    mountpoint = root / f"mnt-{name}"
-    mountpoint.mkdir()
-    tier = [] if cluster is None else ["--cluster-cache", f"s3://{CACHE}/{prefix}",
-                                       "--cluster-endpoint-url", cluster.endpoint]
-    avafs("mount", origin.as_uri(), str(mountpoint), "--cache-dir", str(root / name),
-          "--read-only", *tier)
-    return mountpoint
+@dataclass(frozen=True)
+class Origin:
+    """The origin as the mounts reach it: through the proxy."""
+
+    endpoint: str
 
 
-def run(origin: Path, names: list[str], nodes: int, threads: int,
-        cluster: SeaweedCluster | None, root: Path) -> None:
-    root.mkdir()
-    prefix = f"n{nodes}"
-    mounts = [mount(origin, root, f"{prefix}-{index}", cluster, prefix)
-              for index in range(nodes)]
+@dataclass
+class Result:
+    amplification: float
+    epochs: list[float]
+    late: float = 0.0
+    late_amplification: float = 0.0
+    warm: float = 0.0
+    errors: int = 0
+    """Failed cluster tier requests, every node's (`cluster.errors` of their status)."""
+    dropped: int = 0
+    """Blocks read from the origin but not written to the cluster tier, every node's."""
+
+
+class Nodes:
+    """The mounts of one run: node `index` mounts at `root/mnt-index` with cache dir
+    `root/cache-index`, with the cluster tier under `prefix` when `cluster` is given."""
+
+    def __init__(self, root: Path, origin: Origin, cluster: SeaweedCluster | None,
+                 prefix: str) -> None:
+        self.root = root
+        self.origin = origin
+        self.options = ["--read-only", "--ram-cache", str(RAM_CACHE)]
+        if cluster is not None:
+            self.options += ["--cluster-cache", f"s3://{CACHE}/{prefix}",
+                             "--cluster-endpoint-url", cluster.endpoint]
+        self.mounts: list[AvafsMount] = []
+
+    def add(self) -> AvafsMount:
+        index = len(self.mounts)
+        mount = AvafsMount(self.origin, self.root / f"mnt-{index}", RAM_CACHE, DISK_CACHE,
+                           tuple(self.options))
+        mount.mount(self.cache_dir(index))
+        self.mounts.append(mount)
+        return mount
+
+    def cache_dir(self, index: int) -> Path:
+        return self.root / f"cache-{index}"
+
+    def close(self) -> None:
+        for mount in self.mounts:
+            mount.unmount()
+
+
+def run(names: list[str], dataset: int, nodes: int, threads: int, proxy: FaultProxy,
+        cluster: SeaweedCluster | None, root: Path) -> Result:
+    group = Nodes(root, Origin(proxy.endpoint), cluster, root.name)
     try:
-        times: list[float] = [0.0] * nodes
+        mounts = [group.add() for _ in range(nodes)]
+        times = [0.0] * nodes
 
         def read(index: int) -> None:
-            times[index] = read_all(mounts[index], names, threads)[1]
+            times[index] = read_all(mounts[index].mountpoint, names, threads)[1]
 
+        before = proxy.received_from_upstream
         readers = [threading.Thread(target=read, args=(index,)) for index in range(nodes)]
         for reader in readers:
             reader.start()
         for reader in readers:
             reader.join()
-        dataset = sum((origin / name).stat().st_size for name in names)
-        read_from_origin = sum(Client(path).status()["bytes_served"]["store"] for path in mounts)
-        late = mount(origin, root, f"{prefix}-late", cluster, prefix)
-        mounts.append(late)
-        late_time = read_all(late, names, threads)[1]
-        late_origin = Client(late).status()["bytes_served"]["store"]
-        label = "cluster tier" if cluster else "local only  "
-        print(f"{label} {nodes} nodes: origin bytes / dataset {read_from_origin / dataset:.2f}, "
-              f"first epoch per node {', '.join(f'{seconds:.2f}' for seconds in times)} s; "
-              f"a later node: {late_time:.2f} s, origin bytes / dataset "
-              f"{late_origin / dataset:.2f}", flush=True)
+        result = Result((proxy.received_from_upstream - before) / dataset, times)
+        if cluster is None:
+            return result
+        for mount in mounts:
+            tier = Client(mount.mountpoint).status()["cluster"]
+            result.errors += sum(tier["errors"].values())
+            result.dropped += tier["fills_dropped"]
+        before = proxy.received_from_upstream
+        late = group.add()
+        result.late = read_all(late.mountpoint, names, threads)[1]
+        result.late_amplification = (proxy.received_from_upstream - before) / dataset
+        first = mounts[0]
+        first.unmount()
+        first.mount(group.cache_dir(0))
+        result.warm = read_all(first.mountpoint, names, threads)[1]
+        return result
     finally:
-        for path in mounts:
-            avafs("umount", str(path), check=False)
+        group.close()
+
+
+def report(nodes: int, local: list[Result], tier: list[Result], dataset: int) -> None:
+    def figure(results: list[Result], value) -> float:
+        return median([value(result) for result in results])
+
+    def epochs(results: list[Result]) -> str:
+        return (f"{figure(results, lambda r: sum(r.epochs) / len(r.epochs)):6.1f} s mean, "
+                f"{figure(results, lambda r: max(r.epochs)):6.1f} s slowest")
+
+    late = figure(tier, lambda r: r.late)
+    warm = figure(tier, lambda r: r.warm)
+    print(f"{nodes} node(s): origin bytes / dataset {figure(local, lambda r: r.amplification):.2f}"
+          f" local only, {figure(tier, lambda r: r.amplification):.2f} with the tier; first "
+          f"epoch per node local only {epochs(local)}; with the tier {epochs(tier)}; late node "
+          f"{late:.1f} s ({dataset / MiB / late:.0f} MiB/s, origin bytes / dataset "
+          f"{figure(tier, lambda r: r.late_amplification):.2f}), warm disk {warm:.1f} s "
+          f"({dataset / MiB / warm:.0f} MiB/s): late / warm speed {warm / late:.2f}",
+          flush=True)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--files", type=int, default=24, help="1 MiB files")
-    parser.add_argument("--large", type=int, default=4, help="16 MiB files")
+    parser.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--large", type=int, default=12, help="16 MiB files")
+    parser.add_argument("--files", type=int, default=64, help="1 MiB files")
     parser.add_argument("--threads", type=int, default=2, help="readers per node")
+    parser.add_argument("--rate", type=float, default=50.0,
+                        help="the origin link's MB/s, all connections together")
+    parser.add_argument("--latency", type=float, default=0.02,
+                        help="seconds before each answer of the origin starts")
+    parser.add_argument("--runs", type=int, default=1, help="report medians of this many")
     args = parser.parse_args()
+    spec = make_dataset(args.large, 16 * MiB, args.files, MiB)
+    names = spec.large + spec.small
+    dataset = spec.large_bytes + spec.small_bytes
     with tempfile.TemporaryDirectory(prefix="avafs-cluster-bench-") as workdir:
         root = Path(workdir)
-        origin = root / "origin"
-        dataset = make_dataset(args.large, 16 * MiB, args.files, MiB)
-        write_local(origin, dataset)
-        names = dataset.large + dataset.small
+        server = MotoServer(root / "moto.log")
+        proxy = FaultProxy(server.port, rate=int(args.rate * 1e6), latency=args.latency)
+        proxy.mode = "link"
         cluster = SeaweedCluster(root / "seaweed", volume_servers=2, replication="001")
-        cluster.start()
         try:
+            cluster.start()
             cluster.client().create_bucket(Bucket=CACHE)
+            # After the cluster started: its S3 gateway takes AWS_ACCESS_KEY_ID from the
+            # environment for an identity of its own, and then refuses any other key.
+            os.environ.update(CREDENTIALS)
             os.environ.setdefault("AVAFS_CLUSTER_ACCESS_KEY_ID", "seaweed")
             os.environ.setdefault("AVAFS_CLUSTER_SECRET_ACCESS_KEY", "seaweed-secret")
+            s3 = server.client()
+            s3.create_bucket(Bucket=BUCKET)
+            for name in names:
+                size = spec.large_size if name in spec.large else spec.small_size
+                s3.put_object(Bucket=BUCKET, Key=name, Body=os.urandom(size))
+            print(f"dataset {dataset / MiB:.0f} MiB ({args.large} x 16 MiB + {args.files} x "
+                  f"1 MiB), origin link {args.rate:g} MB/s and {args.latency * 1000:g} ms, "
+                  f"{args.threads} readers per node, medians of {args.runs} run(s)", flush=True)
+            results: dict[tuple[int, bool], list[Result]] = {}
+            for number in range(args.runs):
+                for nodes in args.nodes:
+                    for tier in (None, cluster):
+                        result = run(names, dataset, nodes, args.threads, proxy, tier,
+                                     root / f"r{number}-n{nodes}-{'tier' if tier else 'local'}")
+                        print(f"  run {number + 1}, {nodes} node(s), "
+                              f"{'cluster tier' if tier else 'local only'}: origin / dataset "
+                              f"{result.amplification:.2f}, first epochs "
+                              f"{', '.join(f'{s:.1f}' for s in result.epochs)} s"
+                              + (f"; tier errors {result.errors}, fills dropped "
+                                 f"{result.dropped}; late {result.late:.1f} s (origin / "
+                                 f"dataset {result.late_amplification:.2f}), warm "
+                                 f"{result.warm:.1f} s" if tier else ""), flush=True)
+                        results.setdefault((nodes, tier is not None), []).append(result)
             for nodes in args.nodes:
-                for tier in (None, cluster):
-                    run(origin, names, nodes, args.threads, tier, root / f"{nodes}-{bool(tier)}")
+                report(nodes, results[nodes, False], results[nodes, True], dataset)
         finally:
+            unmount_everything()
             cluster.stop()
+            proxy.close()
+            server.stop()
     return 0
 
 

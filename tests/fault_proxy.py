@@ -8,6 +8,9 @@ no kept-alive connection slips past it):
 - "reset": accept, then reset the connection (RST) without answering.
 - "hang": accept and read requests, never answer (a store that is up but stuck).
 - "slow": relay, answers and requests limited to `rate` bytes per second each way.
+- "link": a link to a distant store (the cloud): relay, every connection's bytes together
+  limited to `rate` bytes per second, and each answer held `latency` seconds before it starts
+  (one round trip per request).
 - "503" (any 5xx code as text): answer every request with that status and an S3 error body.
 - "cut": relay the request, then only the first CUT_AFTER bytes of the answer, then close.
 
@@ -30,9 +33,11 @@ _CHUNK = 1 << 16
 
 
 class FaultProxy:
-    def __init__(self, upstream_port: int, rate: int = 256 * 1024) -> None:
+    def __init__(self, upstream_port: int, rate: int = 256 * 1024, latency: float = 0.0
+                 ) -> None:
         self.upstream = ("127.0.0.1", upstream_port)
         self.rate = rate
+        self.latency = latency
         self.faults = 0
         self.sent_upstream = 0
         self.received_from_upstream = 0
@@ -41,6 +46,8 @@ class FaultProxy:
         self._closed = False
         self._listener: socket.socket | None = None
         self._relayed: set[socket.socket] = set()
+        self._link_free_at = 0.0
+        """When the shared link ("link" mode) has sent every byte handed to it so far."""
         self._port = 0
         self._open_listener()
         self.endpoint = f"http://127.0.0.1:{self._port}"
@@ -53,7 +60,7 @@ class FaultProxy:
     def mode(self, mode: str) -> None:
         with self._lock:
             self._mode = mode
-            if mode not in ("pass", "hang", "slow"):
+            if mode not in ("pass", "hang", "slow", "link"):
                 for connection in self._relayed:
                     _reset(connection)
             if mode == "refuse":
@@ -115,9 +122,10 @@ class FaultProxy:
                     return
                 with self._lock:
                     self._relayed.add(client)
-                pumps = [threading.Thread(target=self._pump, args=(client, upstream, True),
+                asked = threading.Event()
+                pumps = [threading.Thread(target=self._pump, args=(client, upstream, True, asked),
                                           daemon=True),
-                         threading.Thread(target=self._pump, args=(upstream, client, False),
+                         threading.Thread(target=self._pump, args=(upstream, client, False, asked),
                                           daemon=True)]
                 for pump in pumps:
                     pump.start()
@@ -149,9 +157,12 @@ class FaultProxy:
                            f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode()
                            + body)
 
-    def _pump(self, source: socket.socket, target: socket.socket, upward: bool) -> None:
-        """Relay one direction; in "slow" mode at `rate` bytes per second, and in "hang" mode
-        (switched on while the connection is open) not at all."""
+    def _pump(self, source: socket.socket, target: socket.socket, upward: bool,
+              asked: threading.Event) -> None:
+        """Relay one direction; in "slow" mode at `rate` bytes per second, in "link" mode
+        through the shared link, and in "hang" mode (switched on while the connection is
+        open) not at all. `asked` is set by the request side and cleared by the first bytes
+        of the answer, which "link" mode holds back for `latency` seconds."""
         with contextlib.suppress(OSError):
             while data := source.recv(_CHUNK):
                 while self._mode == "hang" and not self._closed:
@@ -161,7 +172,15 @@ class FaultProxy:
                         self.sent_upstream += len(data)
                     else:
                         self.received_from_upstream += len(data)
-                if self._mode == "slow":
+                if upward:
+                    asked.set()
+                elif asked.is_set():
+                    asked.clear()
+                    if self._mode == "link":
+                        time.sleep(self.latency)
+                if self._mode == "link":
+                    self._send_through_link(target, data)
+                elif self._mode == "slow":
                     for start in range(0, len(data), max(1, self.rate // 10)):
                         piece = data[start:start + max(1, self.rate // 10)]
                         target.sendall(piece)
@@ -170,6 +189,20 @@ class FaultProxy:
                     target.sendall(data)
         with contextlib.suppress(OSError):
             target.shutdown(socket.SHUT_WR)
+
+    def _send_through_link(self, target: socket.socket, data: bytes) -> None:
+        """Send `data` once the shared link has had the time to carry it after every byte
+        handed to it before (by any connection, either way), in pieces of a hundredth of a
+        second of the link."""
+        piece_size = max(1, self.rate // 100)
+        for start in range(0, len(data), piece_size):
+            piece = data[start:start + piece_size]
+            with self._lock:
+                now = time.monotonic()
+                self._link_free_at = max(now, self._link_free_at) + len(piece) / self.rate
+                wait = self._link_free_at - now
+            time.sleep(wait)
+            target.sendall(piece)
 
     def close(self) -> None:
         self._closed = True

@@ -5,12 +5,14 @@ daemon counts (`bytes_served.store`, `store_requests.get`).
 A node reads what another read without the origin; `avafs warmup --tier cluster` fills the
 tier alone, and a fresh node then reads with no origin bytes; the status, its text and
 Prometheus show the tier's counters; nodes cold-reading one dataset together read it from
-the origin about once, not once each.
+the origin about once, not once each; with the cluster store hung or down, reads through a
+mount come from the origin, correct, after a stall of a few `--cluster-timeout`s at most.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 import urllib.request
@@ -116,3 +118,38 @@ def test_nodes_reading_one_dataset_together_read_the_origin_about_once(cluster_m
     amplification = origin / dataset
     print(f"origin amplification, 3 nodes with the cluster tier: {amplification:.2f}")
     assert amplification <= 1.5
+
+
+def test_reads_go_to_the_origin_when_the_cluster_store_hangs_or_is_down(cluster_mount,
+                                                                        local_bucket,
+                                                                        seaweed_cluster):
+    """A hung gateway (SIGSTOP: connections accepted, never answered) costs each daemon about
+    one `--cluster-timeout` per pause of the tier; a stopped SeaweedFS (connections refused)
+    costs nothing. Either way every byte comes from the origin, intact."""
+    files = {f"{name}.bin": os.urandom(8 * MiB) for name in ("warm", "cold", "late")}
+    for name, data in files.items():
+        (local_bucket / name).write_bytes(data)
+    node_a = cluster_mount("a", "--cluster-timeout", "0.5")
+    assert (node_a / "warm.bin").read_bytes() == files["warm.bin"]
+    _settled(Client(node_a))
+    node_b = cluster_mount("b", "--cluster-timeout", "0.5")
+    node_c = cluster_mount("c", "--cluster-timeout", "0.5")
+
+    gateway = seaweed_cluster.s3.process
+    gateway.send_signal(signal.SIGSTOP)
+    try:
+        for name in ("warm.bin", "cold.bin"):
+            started = time.monotonic()
+            assert (node_b / name).read_bytes() == files[name]
+            assert time.monotonic() - started < 4.0, f"{name}: stalled on the hung store"
+    finally:
+        gateway.send_signal(signal.SIGCONT)
+    status = Client(node_b).status()
+    assert status["bytes_served"]["store"] == 2 * 8 * MiB
+    assert sum(status["cluster"]["errors"].values()) >= 1
+
+    seaweed_cluster.stop()
+    started = time.monotonic()
+    assert (node_c / "late.bin").read_bytes() == files["late.bin"]
+    assert time.monotonic() - started < 2.0, "a store that refuses connections costs no wait"
+    assert Client(node_c).status()["bytes_served"]["store"] == 8 * MiB

@@ -249,3 +249,30 @@ def test_a_killed_volume_server_loses_no_block(nodes, seaweed):
         assert second.origin_gets() == 0
     finally:
         seaweed.restart_volume(0)
+
+
+def test_a_volume_server_killed_during_reads_loses_nothing(nodes, seaweed):
+    """Replication 001 keeps each block on both volume servers: a node reading the tier
+    while one of them dies still gets every block intact (a request that fails on the way
+    goes to the origin, and the tier pauses), and the blocks are still there afterwards."""
+    blocks = 24
+    data = os.urandom(blocks * BLOCK)
+    (nodes.origin / "kept").write_bytes(data)
+    first = nodes()
+    first.stack.read(first.ref("kept"), 0, len(data))
+    first.drain()
+    second = nodes()
+    ref = second.ref("kept")
+    read = [second.stack.read(ref, index * BLOCK, BLOCK) for index in range(4)]
+    seaweed.kill_volume(0)
+    try:
+        read += [second.stack.read(ref, index * BLOCK, BLOCK) for index in range(4, blocks)]
+        assert b"".join(read) == data
+        from_tier = second.count("hits", "cluster")
+        assert from_tier + second.origin_gets() >= blocks
+        assert from_tier >= 4
+        third = nodes()
+        assert third.stack.read(third.ref("kept"), 0, len(data)) == data
+        assert third.origin_gets() == 0, "both copies of every block outlived the kill"
+    finally:
+        seaweed.restart_volume(0)

@@ -22,7 +22,11 @@ nodes that claimed parts of one run never wait on each other.
 
 Failure. The tier is a cache: a request that fails (after one try, with `--cluster-timeout`)
 sends the block to the source and turns the tier off for PAUSE_AFTER_ERROR seconds, so a store
-that is down costs one timeout per pause, not one per block.
+that is down costs one timeout per pause, not one per block. A claim whose request failed may
+still have created its marker (a store that answered too late), and a marker due for deletion
+while the tier is off stays: both are left-overs, deleted by the fill threads once the tier is
+on again, so other nodes do not wait FILL_WAIT on a block this node will never fill. (A claim
+that is only retried, not left over, would find its own marker and take it for another node's.)
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from ..errors import StoreError
@@ -48,6 +53,9 @@ log = logging.getLogger(__name__)
 FILL_MEMORY = 64 * 2**20
 """Bytes of blocks waiting to be written to the cluster store; more are dropped."""
 FILL_THREADS = 2
+LOOKUP_THREADS = 4
+"""GETs of one piece of a stream sent at the same time (`get_all`): a block of the tier costs
+a request's round trip more than one of the disk tier, and lookups side by side hide it."""
 FILL_WAIT = 10.0
 """Longest wait for a block another node is filling, and the age past which its marker is
 taken for the mark of a node that died."""
@@ -72,11 +80,14 @@ class ClusterTier:
         self._node = socket.gethostname().encode() or b"avafs"
         self._lock = threading.Lock()
         self._claimed: set[BlockId] = set()
+        self._left_over: set[BlockId] = set()
+        """Markers this node may have left in the store (see the module docstring)."""
         self._queued_bytes = 0
         self._fills: queue.Queue[tuple[BlockId, bytes | None] | None] = queue.Queue()
         self._down_until = 0.0
         self.last_error: str | None = None
         metrics.cluster_fill_queue.set_function(lambda: self.queued_bytes)
+        self._lookups = ThreadPoolExecutor(LOOKUP_THREADS, thread_name_prefix="avafs-cluster-get")
         self._threads = [threading.Thread(target=self._fill_in_background, daemon=True,
                                           name=f"avafs-cluster-fill-{number}")
                          for number in range(FILL_THREADS)]
@@ -157,19 +168,33 @@ class ClusterTier:
             won = self.bucket.create_if_absent(self.marker_key(block), self._node)
         except StoreError as error:
             self._failed("claim", error)
+            if not error.permanent:
+                with self._lock:
+                    self._left_over.add(block)
             return True
         if won:
             with self._lock:
                 self._claimed.add(block)
         return won
 
+    def get_all(self, blocks: list[tuple[BlockId, int]]) -> list[bytes | None]:
+        """`get` of each (block, size), LOOKUP_THREADS at a time, in order."""
+        return list(self._lookups.map(lambda item: self.get(*item), blocks))
+
     def get_or_claim(self, block: BlockId, size: int) -> tuple[bytes | None, bool]:
         """The block if the tier holds it; else whether this node is to read it from the
-        source (`claim`). A won claim looks once more: the node that filled the block may
-        have removed its marker between this node's look and its claim."""
+        source (`claim_missing`)."""
         data = self.get(block, size)
-        if data is not None or not self.claim(block):
+        if data is not None:
             return data, False
+        return self.claim_missing(block, size)
+
+    def claim_missing(self, block: BlockId, size: int) -> tuple[bytes | None, bool]:
+        """After a miss: whether this node is to read the block from the source (`claim`),
+        or the block itself. A won claim looks once more: the node that filled the block may
+        have removed its marker between this node's look and its claim."""
+        if not self.claim(block):
+            return None, False
         data = self.get(block, size)
         if data is not None:
             self.release(block)
@@ -253,8 +278,16 @@ class ClusterTier:
         return self._get(block, size) is not None
 
     def _fill_in_background(self) -> None:
-        while (item := self._fills.get()) is not None:
+        while True:
+            try:
+                item = self._fills.get(timeout=PAUSE_AFTER_ERROR)
+            except queue.Empty:
+                self._delete_left_overs()
+                continue
+            if item is None:
+                return
             block, data = item
+            self._delete_left_overs()
             try:
                 if data is not None:
                     try:
@@ -277,15 +310,29 @@ class ClusterTier:
                               block.key)
 
     def _delete_marker(self, block: BlockId) -> None:
-        if not self.reachable:
-            return
-        try:
-            self.bucket.delete(self.marker_key(block))
-        except StoreError as error:
-            self._failed("claim", error)
+        """Delete the block's marker; kept as a left-over while the tier is off or when the
+        delete fails."""
+        if self.reachable:
+            try:
+                self.bucket.delete(self.marker_key(block))
+                return
+            except StoreError as error:
+                self._failed("claim", error)
+        with self._lock:
+            self._left_over.add(block)
+
+    def _delete_left_overs(self) -> None:
+        """Delete the markers left over while the tier is on (one fill thread's turn)."""
+        while self.reachable:
+            with self._lock:
+                if not self._left_over:
+                    return
+                block = self._left_over.pop()
+            self._delete_marker(block)
 
     def close(self) -> None:
         """Write what is queued (each write bounded by the store's timeouts), then stop."""
+        self._lookups.shutdown()
         for _ in self._threads:
             self._fills.put(None)
         for thread in self._threads:

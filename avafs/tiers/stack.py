@@ -49,8 +49,9 @@ WRITE_BEHIND_BLOCKS = 8
 this far ahead of the disk waits for it, so the bytes held for writing stay bounded."""
 
 CLUSTER_PIECE = 4
-"""Blocks of a stream looked up in the cluster tier (a GET, a conditional PUT, a GET each)
-before the ones this node claimed are read from the store in one request."""
+"""Blocks of a stream looked up in the cluster tier (their GETs side by side, then a
+conditional PUT and a GET for each missing one) before the ones this node claimed are read
+from the store in one request."""
 
 WRITE_BEHIND_THREADS = 2
 """Disk writes of streamed blocks at a time: a block of 1 MiB or more is a direct write (see
@@ -297,9 +298,14 @@ class TierStack:
         others: list[tuple[BlockId, Future[bytes]]] = []
         for first in range(0, len(run), CLUSTER_PIECE):
             mine: list[tuple[BlockId, Future[bytes]]] = []
-            for block, future in run[first:first + CLUSTER_PIECE]:
-                data, claimed = cluster.get_or_claim(block,
-                                                     self._block_length(ref, block.index))
+            piece = run[first:first + CLUSTER_PIECE]
+            found = cluster.get_all([(block, self._block_length(ref, block.index))
+                                     for block, _ in piece])
+            for (block, future), data in zip(piece, found, strict=True):
+                claimed = False
+                if data is None:
+                    data, claimed = cluster.claim_missing(block,
+                                                          self._block_length(ref, block.index))
                 if data is not None:
                     self._fetched(block, future, data, write_behind=True, source="cluster")
                 else:

@@ -53,9 +53,10 @@ _TRANSIENT = {"RequestTimeout", "RequestTimeTooSkewed", "ExpiredToken", "SlowDow
 _PERMANENT_CLIENT_ERRORS = (botocore.exceptions.NoCredentialsError,
                             botocore.exceptions.PartialCredentialsError,
                             botocore.exceptions.ParamValidationError)
-_ATTEMPTS = 3
-"""Attempts per request, botocore's retries included: each is bounded by StoreLimits, and the
-callers retry on their own terms (the uploader forever, a lookup at its next call)."""
+_ATTEMPTS = 4
+"""Attempts per request, the first included (botocore's `total_max_attempts`; its
+`max_attempts` counts retries only): each is bounded by StoreLimits, and the callers retry on
+their own terms (the uploader forever, a lookup at its next call)."""
 _BODY_ATTEMPTS = 6
 _TRANSFER = TransferConfig(multipart_threshold=64 * 2**20, multipart_chunksize=8 * 2**20,
                            max_concurrency=8, use_threads=True)
@@ -124,7 +125,7 @@ class S3Store(ObjectStore, MultipartUploads):
         self._clients_lock = threading.Lock()
         self._client = self._sized(0)
         self._probe_client = self._session.client("s3", config=Config(
-            retries={"mode": "standard", "max_attempts": 2},
+            retries={"mode": "standard", "total_max_attempts": 3},
             connect_timeout=limits.timeout, read_timeout=limits.timeout), **self._common)
         self._lean = LeanRequests(self._sized, self._session.get_credentials(), bucket)
 
@@ -139,7 +140,8 @@ class S3Store(ObjectStore, MultipartUploads):
                 client = self._clients.get(slot)
                 if client is None:
                     client = self._clients[slot] = self._session.client("s3", config=Config(
-                        retries={"mode": "standard", "max_attempts": self._attempts},
+                        retries={"mode": "standard",
+                                 "total_max_attempts": self._attempts},
                         connect_timeout=self._limits.timeout,
                         read_timeout=self._limits.for_size(slot),
                         max_pool_connections=self._max_connections, tcp_keepalive=True),
