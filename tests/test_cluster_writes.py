@@ -154,6 +154,9 @@ def test_avafs_recover_uploads_a_lost_nodes_queue_by_hand(cluster):
     wait_in_origin(cluster.origin, files, time.monotonic() + 1)
 
 
+@pytest.mark.xfail(strict=True, reason="open bug: across an etcd restart another daemon takes "
+                   "over the queue of a node that is still running and never noticed losing "
+                   "its owner key, and files it stages afterwards are lost with it")
 def test_an_etcd_restart_loses_nothing_and_takes_over_once(seaweed_cluster, own_etcd,
                                                           local_bucket, mount, tmp_path,
                                                           monkeypatch):

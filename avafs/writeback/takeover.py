@@ -166,11 +166,17 @@ class ClusterMember:
 
     def _join(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        lease = self._lease if self._lease is not None and self.etcd.refresh(self._lease) \
-            else self.etcd.grant(self.ttl)
-        self._lease = lease
         node = self.queue.node
-        while not self.etcd.create(f"{self.key_root}owner/{node}", node, lease):
+        owner = f"{self.key_root}owner/{node}"
+        if self._lease is not None and self.etcd.get(owner) == f"{node} {self._lease}":
+            # A keep-alive answered without a TTL (as etcd may just after a restart) though
+            # the lease holds: keep it, or the owner key would expire under a new lease.
+            self.etcd.refresh(self._lease)
+            lease = self._lease
+        else:
+            lease = self._lease = self.etcd.grant(self.ttl)
+        while self.etcd.get(owner) != f"{node} {lease}" and \
+                not self.etcd.create(owner, f"{node} {lease}", lease):
             if time.monotonic() > deadline:
                 raise AvafsError(f"node name {node!r} is in use in cluster {self.queue.cluster} "
                                  "(a live daemon, or a take-over of its queue, holds it): give "
@@ -218,7 +224,8 @@ class ClusterMember:
                 running = node in self.takeovers and self.takeovers[node].finished is None
             if running or self._lease is None:
                 continue
-            if self.etcd.create(f"{self.key_root}owner/{node}", self.queue.node, self._lease):
+            if self.etcd.create(f"{self.key_root}owner/{node}",
+                                f"{self.queue.node} {self._lease}", self._lease):
                 log.warning("cluster writes: node %s is gone (its lease expired); this node "
                             "takes over its queue", node)
                 self.metrics.cluster_takeovers.inc()
