@@ -23,6 +23,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(1, str(REPO))
 
 import s3server  # noqa: E402
 from common import make_dataset, median, write_local  # noqa: E402
