@@ -154,9 +154,6 @@ def test_avafs_recover_uploads_a_lost_nodes_queue_by_hand(cluster):
     wait_in_origin(cluster.origin, files, time.monotonic() + 1)
 
 
-@pytest.mark.xfail(strict=True, reason="open bug: across an etcd restart another daemon takes "
-                   "over the queue of a node that is still running and never noticed losing "
-                   "its owner key, and files it stages afterwards are lost with it")
 def test_an_etcd_restart_loses_nothing_and_takes_over_once(seaweed_cluster, own_etcd,
                                                           local_bucket, mount, tmp_path,
                                                           monkeypatch):
@@ -177,10 +174,42 @@ def test_an_etcd_restart_loses_nothing_and_takes_over_once(seaweed_cluster, own_
         assert time.monotonic() < deadline, f"never staged again: {status}"
         time.sleep(0.3)
     files |= write_files(node_a, "after", 5, MiB)
+    status = cluster.status("a")
+    assert status["durable_in"] == "cluster" and status["unstaged"] == 0, status
     killed = cluster.kill("a")
     wait_in_origin(cluster.origin, files, killed + TTL + 30)
     takeovers = [t["node"] for name in ("b", "c") for t in cluster.status(name)["takeovers"]]
     assert takeovers == ["a"]
+
+
+def test_a_node_that_lost_its_lease_while_running_stages_nothing_a_taker_misses(cluster):
+    """A's lease revoked under it (as when etcd does not hear from it for a TTL): B takes
+    over A's queue unless A's next keep-alive takes its owner key back first; A stages nothing
+    into a queue B owns, holds its queue again under a new lease (once B has drained it), and
+    stages again what it acknowledged meanwhile."""
+    import etcd3gw
+    from etcd3gw.lease import Lease
+
+    from avafs.writeback.cluster_queue import cluster_id
+
+    node_a = cluster.node("a")
+    cluster.node("b")
+    files = write_files(node_a, "before", 5)
+    client = etcd3gw.Etcd3Client(host=cluster.etcd.host, port=cluster.etcd.port)
+    owner = f"/avafs/{cluster_id(f's3://{cluster.bucket}/c')}/owner/a"
+    lease = int(client.get(owner)[0].decode().split()[1])
+    Lease(lease, client).revoke()
+    files |= write_files(node_a, "during", 5)  # the queue is not A's: node-durable
+    deadline = time.monotonic() + TTL + 30
+    while (status := cluster.status("a"))["durable_in"] != "cluster" or status["unstaged"]:
+        assert time.monotonic() < deadline, f"never held its queue again: {status}"
+        time.sleep(0.3)
+    assert client.get(owner)[0].decode() != f"a {lease}"
+    files |= write_files(node_a, "after", 5, MiB)
+    killed = cluster.kill("a")
+    wait_in_origin(cluster.origin, files, killed + TTL + 30)
+    log = (cluster.cache_dir("b") / "avafs.log").read_text()
+    assert log.count("node a is gone (its lease expired); this node takes over") in (1, 2)
 
 
 def test_nodes_killed_in_turn_lose_no_acknowledged_byte(cluster):

@@ -8,6 +8,10 @@ with time, so the queue's key order is the order files were committed. Only then
 state journaled locally and the close acknowledged.
 
 Invariants.
+- A record is written only while this node holds its queue: the transaction that puts it
+  compares the node's owner key (takeover.py) with the value this node gave it, so a node
+  that lost its lease (and maybe its queue to a taker) cannot add a record that nobody would
+  upload; the stage fails and the file stays node-durable.
 - A record exists only once its staging object is complete; the record goes before its
   object (`settle`), so a record never names a missing object. An object without a record is
   garbage a take-over sweeps.
@@ -21,7 +25,9 @@ Invariants.
 - The cluster store and etcd are optional at any moment: a failed stage leaves the state
   node-durable (journaled locally, as under `--writeback async`), counted in `unstaged`, and
   the daemon's re-stager stages it again once both answer. After a failure, commits skip
-  staging for PAUSE_AFTER_ERROR seconds, so an outage costs one timeout per pause.
+  staging for PAUSE_AFTER_ERROR seconds, so an outage costs one timeout per pause; the first
+  stage that succeeds (the re-stager's) ends the pause, so the status never says
+  cluster-durable while commits still skip staging.
 
 Threads and locks. `stage` runs in the committing thread, holding no lock. Drops run in one
 background thread (`avafs-unstage`). `_lock` guards the error state only and is a leaf; the
@@ -57,6 +63,10 @@ PAUSE_AFTER_ERROR = 5.0
 
 class StagingFailed(Exception):
     """The cluster store or etcd did not take a file; it stays node-durable."""
+
+
+class QueueNotHeld(Exception):
+    """This node does not hold its own queue (its owner key) now."""
 
 
 def cluster_id(cluster_cache: str) -> str:
@@ -105,8 +115,9 @@ class ClusterQueue:
         self.last_error: str | None = None
         self.failing_since: float | None = None
         self._drops = ThreadPoolExecutor(1, thread_name_prefix="avafs-unstage")
-        self.may_stage: Callable[[], bool] = lambda: True
-        """Whether this node holds its own queue (takeover.py): staging waits for it."""
+        self.fence: Callable[[], tuple[str, str] | None] = lambda: None
+        """This node's owner key and the value it holds while this node holds its queue
+        (takeover.py), or None while it does not: staging waits for it."""
 
     # --- names ---------------------------------------------------------------------------------
 
@@ -122,7 +133,7 @@ class ClusterQueue:
         """False for a while after a failure: commits leave staging to the re-stager."""
         with self._lock:
             paused = time.monotonic() < self._paused_until
-        return not paused and self.may_stage()
+        return not paused and self.fence() is not None
 
     def stage(self, source_url: str, key: str, path: Path, size: int, mtime: float,
               attrs: Attrs | None) -> str:
@@ -135,8 +146,12 @@ class ClusterQueue:
             with open(path, "rb") as file:
                 self.bucket.put(name, _Exactly(file, size), size)
             try:
-                self.etcd.put(self.queue_prefix() + record.id, record.encode())
-            except EtcdUnavailable:
+                fence = self.fence()
+                if fence is None or not self.etcd.put_if(self.queue_prefix() + record.id,
+                                                         record.encode(), *fence):
+                    raise QueueNotHeld("this node does not hold its queue in etcd (its lease "
+                                       "expired); it stages again once it does")
+            except (EtcdUnavailable, QueueNotHeld):
                 self._drops.submit(self._delete_object, name)
                 raise
         except Exception as error:  # noqa: BLE001 - any failure leaves the file node-durable
@@ -144,6 +159,7 @@ class ClusterQueue:
             raise StagingFailed(str(error)) from None
         with self._lock:
             self.failing_since, self.last_error = None, None
+            self._paused_until = 0.0
         return record.id
 
     def _failed(self, error: Exception) -> None:

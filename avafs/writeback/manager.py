@@ -94,6 +94,10 @@ class WriteBack:
         self.cluster: ClusterQueue | None = None
         """Under --writeback cluster, where committed files are staged (`enable_cluster`)."""
         self.source_urls: dict[str, str] = {}
+        self.may_upload: Callable[[], bool] = lambda: True
+        """Whether the uploaders may start an upload now. Under --writeback cluster only while
+        this node provably holds its queue (takeover.py): a taker uploading the node's records
+        meanwhile must not have an older record land after a newer upload from here."""
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
         """Wakes those waiting for keys to settle (close under --writeback sync, flush)."""
@@ -482,8 +486,9 @@ class WriteBack:
         (record id, key, generation), or None if it stays node-durable."""
         with self.lock:
             if self._pending.get(entry.slot) is not entry or entry.kind != DATA or \
-                    not entry.file or not self.hold_file(entry.file):
-                return None
+                    not entry.file or entry.staged_generation == entry.generation or \
+                    not self.hold_file(entry.file):
+                return None  # gone, not data, or staged as it is (an fsync, then the close)
             name, key, generation = entry.file, entry.key, entry.generation
             size, mtime, attrs = entry.size, entry.mtime, entry.attrs
         try:
@@ -519,6 +524,12 @@ class WriteBack:
             return [entry for entry in self._pending.values()
                     if entry.kind == DATA and entry.file and entry.durable
                     and entry.staged_generation != entry.generation]
+
+    def pending_keys(self) -> set[tuple[str, str]]:
+        """(source, key) of every pending state: newer here than any record of it that no
+        pending state names."""
+        with self.lock:
+            return {(entry.source, entry.key) for entry in self._pending.values()}
 
     def staged_ids(self) -> set[str]:
         with self.lock:
@@ -657,6 +668,8 @@ class WriteBack:
         entries skipped for other reasons (open, backing off, waiting for another key), not
         the number pending, which matters with tens of thousands of small files queued."""
         hurry = self._hurried()
+        if not self.may_upload():
+            return None
         with self.lock:
             for slot in self._order:
                 entry = self._pending[slot]

@@ -12,17 +12,25 @@ A taker that dies part way loses the owner key with its lease, and another daemo
 where it stopped (an upload done twice is idempotent: the same bytes).
 
 Invariants.
-- Never two uploaders of one queue: only the owner key's holder uploads a queue's records, and
-  a daemon stages (adds records to its own queue) only while it holds its own owner key. A
-  daemon starting under a name whose owner key is held (its previous life's lease not yet
-  expired, or a taker draining it) waits for it before it joins.
-- A daemon that lost its lease while running (etcd unreachable for longer than the TTL) stops
-  staging: its writes are node-durable until it holds its owner key again. Its own records may
-  meanwhile be taken over and uploaded by another daemon, as well as by its own uploaders; both
-  upload the same bytes, but an older record could land after a newer local upload of the same
-  key, so keep the TTL well above etcd's expected outages.
+- Never two uploaders of one queue: only the owner key's holder uploads a queue's records.
+- Fencing: a daemon holds its own queue only while its owner key names its lease and a lease
+  TTL has not passed since the last keep-alive etcd answered was sent (etcd never expires a
+  lease sooner). Only then does it stage, and the transaction that writes a record also
+  compares the owner key with the value this daemon gave it, so no record is added to a queue
+  someone else owns (cluster_queue.py). Its own uploaders start uploads only then too
+  (`WriteBack.may_upload`), so while a taker uploads the node's records no newer upload of
+  the same key starts here; an upload already under way when the lease lapsed may still land
+  before a taker's older record of that key (keep the TTL above the longest upload, or etcd
+  outages short).
+- A daemon whose keep-alive finds its lease expired (etcd unreachable, or the process stalled,
+  for longer than the TTL) reports node-durable, takes a new lease, waits until no taker holds
+  its owner key (the taker deletes it once the queue is drained), takes the key again, and
+  its watch thread stages again what it acknowledged meanwhile. A daemon starting under a
+  name whose owner key is held (its previous life's lease not yet expired, or a taker
+  draining it) waits for it the same way before it joins.
 - Records of this node's previous life that no journaled state names (the node's disk was
-  replaced) are drained by the node itself when it joins.
+  replaced) are drained by the node itself when it takes its key, except keys it has a
+  newer state of.
 
 Threads and locks. `_lock` guards the take-over table and the membership state and is a leaf.
 The watch thread calls `WriteBack.restage`, which takes `WriteBack.lock` itself; nothing here
@@ -135,15 +143,21 @@ class ClusterMember:
         self.writeback = writeback
         self.open_origin = open_origin
         self.metrics = metrics
+        self.owner_key = f"{queue.root}owner/{queue.node}"
         self._lock = threading.Lock()
         self._lease: int | None = None
-        self.joined = False
-        """Whether this daemon holds its own owner key (and so may stage)."""
+        """Written by the keep-alive thread (and `start` before it runs) only."""
+        self._owner_value: str | None = None
+        """What this node's owner key holds while this node holds it, else None."""
+        self._held_until = 0.0
+        """Monotonic time until which the owner key is provably this node's: a lease TTL after
+        the last keep-alive (or grant) that etcd answered was sent."""
         self.takeovers: dict[str, Takeover] = {}
         self._stopping = threading.Event()
         metrics.cluster_unstaged.set_function(lambda: len(writeback.unstaged()))
         metrics.cluster_node_only.set_function(lambda: int(not self.cluster_durable()))
-        queue.may_stage = lambda: self.joined
+        queue.fence = self._fence
+        writeback.may_upload = self.holds_queue
         self._threads = [threading.Thread(target=self._keep_alive, daemon=True, name="avafs-lease"),
                          threading.Thread(target=self._watch, daemon=True,
                                           name="avafs-cluster-watch")]
@@ -152,65 +166,91 @@ class ClusterMember:
     def key_root(self) -> str:
         return self.queue.root
 
+    def holds_queue(self) -> bool:
+        """Whether this node provably holds its own queue now (so it may stage and upload)."""
+        return self._fence() is not None
+
+    def _fence(self) -> tuple[str, str] | None:
+        with self._lock:
+            if self._owner_value is None or time.monotonic() >= self._held_until:
+                return None
+            return self.owner_key, self._owner_value
+
     def start(self, join_timeout: float) -> None:
         """Join (waiting up to `join_timeout` seconds for this node's name to be free), drain
         what the node's previous life left that no journaled state names, and start the
         threads. etcd not answering is no failure: the threads join once it does."""
+        deadline = time.monotonic() + join_timeout
         try:
-            self._join(join_timeout)
+            while not self._renew():
+                if time.monotonic() > deadline:
+                    raise AvafsError(
+                        f"node name {self.queue.node!r} is in use in cluster "
+                        f"{self.queue.cluster} (a live daemon, or a take-over of its queue, "
+                        "holds it): give this node its own --node-name, or wait and mount again")
+                time.sleep(0.5)
         except EtcdUnavailable as error:
             log.warning("cluster writes: etcd does not answer (%s); writes are only "
                         "node-durable until it does", error)
         for thread in self._threads:
             thread.start()
 
-    def _join(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        node = self.queue.node
-        owner = f"{self.key_root}owner/{node}"
-        if self._lease is not None and self.etcd.get(owner) == f"{node} {self._lease}":
-            # A keep-alive answered without a TTL (as etcd may just after a restart) though
-            # the lease holds: keep it, or the owner key would expire under a new lease.
-            self.etcd.refresh(self._lease)
-            lease = self._lease
-        else:
-            lease = self._lease = self.etcd.grant(self.ttl)
-        while self.etcd.get(owner) != f"{node} {lease}" and \
-                not self.etcd.create(owner, f"{node} {lease}", lease):
-            if time.monotonic() > deadline:
-                raise AvafsError(f"node name {node!r} is in use in cluster {self.queue.cluster} "
-                                 "(a live daemon, or a take-over of its queue, holds it): give "
-                                 "this node its own --node-name, or wait and mount again")
-            time.sleep(0.5)
-        self.etcd.put(f"{self.key_root}nodes/{node}", str(time.time()), lease)
+    def _renew(self) -> bool:
+        """One keep-alive: extend the lease (a new one if it expired) and hold this node's
+        owner key under it, if it is free; whether this node holds its queue now. A node
+        that finds its lease expired stops staging and uploading at once (a taker may be
+        draining its queue) and takes its owner key again once the taker has finished; the
+        watch thread then stages again what was acknowledged meanwhile. Raises
+        EtcdUnavailable."""
+        sent = time.monotonic()
+        if self._lease is not None and self.etcd.refresh(self._lease):
+            if self._owner_value is None:
+                return self._acquire(sent)
+            with self._lock:
+                self._held_until = sent + self.ttl
+            return True
+        if self._lease is not None and self._owner_value is not None and \
+                self.etcd.get(self.owner_key) == self._owner_value:
+            return self.holds_queue()  # the lease holds (its key does): extend it next time
+        if self._owner_value is not None:
+            log.error("cluster writes: this node's lease expired; writes are only node-durable "
+                      "and uploads wait until it holds its queue again (another node may be "
+                      "taking it over meanwhile)")
+        with self._lock:
+            self._owner_value = None
+        self._lease = self.etcd.grant(self.ttl)
+        return self._acquire(sent)
+
+    def _acquire(self, sent: float) -> bool:
+        """Create this node's owner key under the lease if it is free (a taker, or this
+        node's previous life, holds it otherwise: wait for it)."""
+        node, value = self.queue.node, f"{self.queue.node} {self._lease}"
+        if not self.etcd.create(self.owner_key, value, self._lease) and \
+                self.etcd.get(self.owner_key) != value:
+            log.debug("cluster writes: the queue of %s is held by %s; waiting", node,
+                      self.etcd.get(self.owner_key))
+            return False
+        self.etcd.put(f"{self.key_root}nodes/{node}", str(time.time()), self._lease)
         leftover = {record.id for record in self.queue.records(node)} - \
             self.writeback.staged_ids()
         with self._lock:
-            self.joined = True
+            self._owner_value, self._held_until = value, sent + self.ttl
+        log.info("cluster writes: node %s holds its queue in cluster %s", node, self.queue.cluster)
         if leftover:
             self._start_drain(node, only=leftover)
+        return True
 
     def _keep_alive(self) -> None:
         while not self._stopping.wait(max(self.ttl / 3, 0.3)):
             try:
-                if self._lease is not None and self.etcd.refresh(self._lease):
-                    continue
-                if self.joined:
-                    log.error("cluster writes: this node's lease expired; writes are only "
-                              "node-durable until it joins again, and its queue may be taken "
-                              "over meanwhile")
-                with self._lock:
-                    self.joined = False
-                self._join(self.ttl)
-                log.info("cluster writes: joined cluster %s again as %s", self.queue.cluster,
-                         self.queue.node)
-            except (EtcdUnavailable, AvafsError) as error:
+                self._renew()
+            except EtcdUnavailable as error:
                 log.debug("cluster writes: keep-alive failed: %s", error)
 
     def _watch(self) -> None:
         while not self._stopping.wait(max(self.ttl / 3, 0.3)):
             try:
-                if self.joined:
+                if self.holds_queue():
                     self.writeback.restage()
                     self._take_over_lost_nodes()
             except EtcdUnavailable as error:
@@ -235,15 +275,15 @@ class ClusterMember:
         progress = Takeover(node)
         with self._lock:
             self.takeovers[node] = progress
-        keep = {(self.writeback.source_urls.get(entry.source, ""), entry.key)
-                for entry in self.writeback.unstaged()} if only is not None else set()
+        keep = {(self.writeback.source_urls.get(source, ""), key)
+                for source, key in self.writeback.pending_keys()} if only is not None else set()
         threading.Thread(target=self._drain, args=(node, progress, only, keep), daemon=True,
                          name=f"avafs-takeover-{node}").start()
 
     def _drain(self, node: str, progress: Takeover, only: set[str] | None,
                keep: set[tuple[str, str]]) -> None:
         try:
-            drain(self.queue, node, self.open_origin, lambda: self.joined and not
+            drain(self.queue, node, self.open_origin, lambda: self.holds_queue() and not
                   self._stopping.is_set(), progress, only, keep)
             if node != self.queue.node:
                 self.etcd.delete(f"{self.key_root}owner/{node}")
@@ -260,14 +300,14 @@ class ClusterMember:
 
     def cluster_durable(self) -> bool:
         """Whether committed writes are durable in the cluster now."""
-        return self.joined and self.queue.failing_since is None and \
+        return self.holds_queue() and self.queue.failing_since is None and \
             not self.writeback.unstaged()
 
     def status(self) -> dict[str, Any]:
         with self._lock:
             takeovers = [progress.as_dict() for progress in self.takeovers.values()]
         return {"node": self.queue.node, "cluster": self.queue.cluster,
-                "etcd": list(self.etcd.urls), "joined": self.joined,
+                "etcd": list(self.etcd.urls), "joined": self.holds_queue(),
                 "durable_in": "cluster" if self.cluster_durable() else "node",
                 "unstaged": len(self.writeback.unstaged()),
                 "last_error": self.queue.last_error, "takeovers": takeovers}
