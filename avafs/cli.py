@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -30,7 +31,13 @@ from .config.cache_dir import (
     unuploaded_in_shared_default,
 )
 from .config.file import load_config
-from .config.options import MOUNT_OPTIONS, MountOptions, build_mount_options, parse_option
+from .config.options import (
+    MOUNT_OPTIONS,
+    OPTIONS_BY_NAME,
+    MountOptions,
+    build_mount_options,
+    parse_option,
+)
 from .config.sizes import UNITS_HELP, format_size
 from .control.progress import FlushProgress, WarmupProgress, summary
 from .control.status_text import format_status
@@ -164,7 +171,67 @@ def build_parser() -> argparse.ArgumentParser:
     _add_mount_parser(commands)
     _add_umount_parser(commands)
     _add_control_parsers(commands)
+    _add_recover_parser(commands)
     return parser
+
+
+_RECOVER_OPTIONS = ("cluster_cache", "cluster_endpoint_url", "cluster_profile", "cluster_timeout",
+                    "etcd", "cluster_lease_ttl", "endpoint_url", "region")
+"""The mount options `avafs recover` takes: where the cluster is, and how to reach origins."""
+
+
+def _add_recover_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "recover", help="upload a lost node's queue of cluster writes",
+        description="Upload to the origin what a node gone for good had acknowledged under "
+                    "--writeback cluster and not uploaded yet, from the cluster store, as a "
+                    "running daemon of the cluster would; exits when the queue is empty.")
+    parser.add_argument("--node", required=True, metavar="NAME",
+                        help="the lost node's --node-name")
+    for name in _RECOVER_OPTIONS:
+        spec = OPTIONS_BY_NAME[name]
+        parser.add_argument(spec.flag, dest=name, metavar=spec.metavar, help=spec.help)
+    parser.set_defaults(run=_recover)
+
+
+def _recover(args: argparse.Namespace) -> int:
+    from .stores import open_cluster_bucket, open_store
+    from .writeback.cluster_queue import ClusterQueue, cluster_id
+    from .writeback.coordination import Etcd, EtcdUnavailable
+    from .writeback.takeover import Takeover, recover
+
+    values = {name: OPTIONS_BY_NAME[name].default for name in _RECOVER_OPTIONS}
+    for name in _RECOVER_OPTIONS:
+        if getattr(args, name) is not None:
+            values[name] = parse_option(name, getattr(args, name), OPTIONS_BY_NAME[name].flag)
+    if not values["cluster_cache"] or not values["etcd"]:
+        raise AvafsError("recover needs the cluster's --cluster-cache s3://BUCKET[/prefix] and "
+                         "--etcd URL[,URL...], as its mounts were given")
+    bucket = open_cluster_bucket(values["cluster_cache"], values["cluster_endpoint_url"],
+                                 values["cluster_profile"], values["cluster_timeout"])
+    etcd = Etcd(values["etcd"], timeout=5.0)
+    queue = ClusterQueue(bucket, etcd, cluster_id(values["cluster_cache"]),
+                         f"recover-{socket.gethostname()}-{os.getpid()}")
+    origins: dict[str, Any] = {}
+
+    def open_origin(url: str) -> Any:
+        if url not in origins:
+            origins[url] = open_store(url, values["endpoint_url"], values["region"])
+        return origins[url]
+
+    def report(progress: Takeover) -> None:
+        print(f"recovering node {args.node}: {progress.uploaded} files uploaded"
+              + (f" (retrying: {progress.error})" if progress.error else ""), file=sys.stderr)
+
+    try:
+        progress = recover(queue, args.node, values["cluster_lease_ttl"], open_origin, report)
+    except EtcdUnavailable as error:
+        raise AvafsError(f"etcd does not answer ({error}): check --etcd") from None
+    finally:
+        queue.close()
+        etcd.close()
+    print(f"node {args.node}: queue empty, {progress.uploaded} files uploaded to the origin")
+    return 0
 
 
 def source_url(text: str) -> str:

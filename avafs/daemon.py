@@ -43,15 +43,18 @@ from .host.mounts import AVAFS_FSTYPE, mount_at
 from .log_format import EscapingFormatter
 from .metrics import Metrics
 from .namespace import Namespace
-from .stores import StoreLimits, open_cluster_bucket, open_store
+from .stores import ObjectStore, StoreLimits, open_cluster_bucket, open_store
 from .stores.instrumented import InstrumentedStore
 from .tiers.cluster import ClusterTier
 from .tiers.disk import DiskTier
 from .tiers.ram import RamTier
 from .tiers.stack import TierStack
 from .warmup.runner import Prefetcher, WarmupRunner, expand
+from .writeback.cluster_queue import ClusterQueue, cluster_id
+from .writeback.coordination import Etcd
 from .writeback.manager import WriteBack
 from .writeback.pending import Pending
+from .writeback.takeover import ClusterMember
 from .writeback.uploader import Uploader
 
 log = logging.getLogger("avafs")
@@ -94,6 +97,7 @@ class Filesystem:
         logging.getLogger().addHandler(self.recent_errors)
         self.metrics = Metrics(options.mount_name or str(mountpoint),
                                ",".join(sorted(options.sources.values())))
+        self._other_origins: dict[str, ObjectStore] = {}
         self.stores = {
             name: InstrumentedStore(open_store(url, options.endpoint_url, options.region,
                                                limits=StoreLimits(options.store_timeout,
@@ -126,6 +130,9 @@ class Filesystem:
             self.writeback.on_settled = self.namespace.settled
             self.writeback.on_changed = self.in_place.changed
             self.uploader = Uploader(self.writeback, self.stores, options.upload_concurrency)
+        self.cluster_member: ClusterMember | None = None
+        if self.writeback is not None and options.writeback == "cluster":
+            self.cluster_member = self._join_cluster(self.writeback)
         self.warmups = WarmupRunner(self.namespace, self.stack, self.metrics)
         self.prefetcher = Prefetcher(self.namespace, self.stack)
         self._watch_gauges()
@@ -168,6 +175,34 @@ class Filesystem:
             log.warning("cluster tier %s: %s; reading from the source until it answers",
                         bucket.url, error)
         return ClusterTier(bucket, options.block_size, self.metrics)
+
+    def _join_cluster(self, writeback: WriteBack) -> ClusterMember:
+        """`--writeback cluster`: stage committed files in the cluster store, keep this node's
+        queue in etcd, take over the queues of lost nodes (writeback/takeover.py)."""
+        options = self.options
+        bucket = open_cluster_bucket(options.cluster_cache, options.cluster_endpoint_url,
+                                     options.cluster_profile, options.cluster_timeout)
+        etcd = Etcd(options.etcd, timeout=min(float(options.cluster_lease_ttl) / 2, 5.0))
+        queue = ClusterQueue(bucket, etcd, cluster_id(options.cluster_cache), options.node_name)
+        writeback.enable_cluster(queue, dict(options.sources))
+        member = ClusterMember(queue, options.cluster_lease_ttl, writeback, self.origin,
+                               self.metrics)
+        member.start(join_timeout=2.0 * options.cluster_lease_ttl + 5.0)
+        return member
+
+    def origin(self, url: str) -> ObjectStore:
+        """The store of a source URL a cluster queue's record names: this mount's own, or one
+        opened with this mount's endpoint and region."""
+        for name, source in self.options.sources.items():
+            if source == url:
+                return self.stores[name]
+        if url not in self._other_origins:
+            self._other_origins[url] = open_store(url, self.options.endpoint_url,
+                                                  self.options.region)
+        return self._other_origins[url]
+
+    def cluster_writes_status(self) -> dict[str, Any] | None:
+        return None if self.cluster_member is None else self.cluster_member.status()
 
     def _watch_gauges(self) -> None:
         metrics = self.metrics
@@ -255,8 +290,12 @@ class Filesystem:
         self.in_place.close()
         self.control.close()
         self.locations.close()
+        if self.cluster_member is not None:
+            self.cluster_member.stop()
         if self.uploader is not None:
             self.uploader.stop()
+        if self.writeback is not None and self.writeback.cluster is not None:
+            self.writeback.cluster.close()
         if self.writeback is not None:
             self.writeback.close()
         self.stack.close()

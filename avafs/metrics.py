@@ -93,6 +93,17 @@ class Metrics:
                                       "failed, and damaged blocks found", ["kind"], registry=r)
         for kind in CLUSTER_ERRORS:
             self.cluster_errors.labels(kind)
+        self.cluster_unstaged = Gauge("avafs_cluster_unstaged_files", "Committed files not "
+                                      "staged in the cluster (--writeback cluster): only "
+                                      "node-durable", registry=r)
+        self.cluster_node_only = Gauge("avafs_cluster_writes_node_only", "1 while writes are "
+                                       "only node-durable (the cluster store or etcd not "
+                                       "answering, or files waiting to be staged)", registry=r)
+        self.cluster_takeovers = Counter("avafs_cluster_takeovers", "Queues of lost nodes this "
+                                         "daemon took over", registry=r)
+        self.cluster_takeover_uploads = Counter("avafs_cluster_takeover_uploads", "Files of "
+                                                "lost nodes' queues this daemon uploaded to the "
+                                                "origin", registry=r)
         # Children looked up once: labels() costs microseconds, and reads count every block.
         self.tier_hits = {tier: self.hits.labels(tier) for tier in (*TIERS, "cluster")}
         self.served_from = {source: self.bytes_served.labels(source)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from etcd_server import EtcdServer
 from fault_proxy import FaultProxy
 from seaweed import SeaweedCluster
 from support import AVAFS, TEST_CREDENTIALS, S3Server, unmount
@@ -36,6 +37,25 @@ def seaweed_cluster(tmp_path) -> Iterator[SeaweedCluster]:
     cluster.start()
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def etcd(tmp_path_factory) -> Iterator[EtcdServer]:
+    """A real etcd shared by the session's tests (each uses keys of its own)."""
+    server = EtcdServer(tmp_path_factory.mktemp("etcd"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_etcd(tmp_path) -> Iterator[EtcdServer]:
+    """A real etcd of this test's own, which it may stop and start again."""
+    server = EtcdServer(tmp_path / "etcd")
+    server.data_dir.mkdir()
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture

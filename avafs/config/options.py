@@ -8,6 +8,7 @@ never drift apart, and every value is validated by the same parser whichever way
 from __future__ import annotations
 
 import math
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,6 +128,32 @@ def _cluster_url(value: Any) -> str:
     return text
 
 
+def _etcd_urls(value: Any) -> tuple[str, ...]:
+    """`http://HOST:PORT[,http://HOST:PORT...]`: client URLs of one etcd cluster's members."""
+    urls = tuple(part.strip() for part in str(value).split(",") if part.strip())
+    if not urls:
+        raise ValueError("expected one or more http://HOST:PORT URLs of etcd, comma separated")
+    for url in urls:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.port is None:
+            raise ValueError(f"expected http://HOST:PORT (an etcd client URL), got {url!r}")
+    return urls
+
+
+def _node_name(value: Any) -> str:
+    text = str(value).strip()
+    if not text or any(not (char.isalnum() or char in "._-") for char in text):
+        raise ValueError(f"must be letters, digits, '.', '_' or '-', got {value!r}")
+    return text
+
+
+def _lease_ttl(value: Any) -> int:
+    number = _count(value)
+    if number < 2:
+        raise ValueError(f"must be 2 or more whole seconds (etcd's shortest lease), got {value!r}")
+    return number
+
+
 def _address(value: Any) -> tuple[str, int]:
     host, separator, port = str(value).rpartition(":")
     if not separator or not port.isdigit() or not 0 < int(port) < 65536:
@@ -179,8 +206,10 @@ MOUNT_OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("immutable", _flag, False,
                "the data never changes: cache metadata forever, never revalidate", is_flag=True),
     OptionSpec("read_only", _flag, False, "refuse every write with EROFS", is_flag=True),
-    OptionSpec("writeback", _choice("async", "sync"), "async",
-               "async: upload after close; sync: close waits for the upload (default async)",
+    OptionSpec("writeback", _choice("async", "sync", "cluster"), "async",
+               "async: upload after close; sync: close waits for the upload; cluster: close "
+               "waits until the file is staged in the --cluster-cache store and queued in "
+               "--etcd, so another node uploads it if this one is lost (default async)",
                metavar="MODE"),
     OptionSpec("writeback_delay", _seconds, 1.0,
                "seconds after the last close before a file is uploaded (default 1)",
@@ -215,6 +244,15 @@ MOUNT_OPTIONS: tuple[OptionSpec, ...] = (
                "seconds a --cluster-cache request without data may take before the block is "
                "read from the source instead; a block's transfer gets its time on top "
                "(default 1)", metavar="SECONDS"),
+    OptionSpec("etcd", _etcd_urls, None,
+               "etcd client URLs of the cluster (--writeback cluster): leases, queues and "
+               "take-overs", metavar="URL[,URL...]"),
+    OptionSpec("node_name", _node_name, None,
+               "this node's name in the cluster, which names its upload queue (default: the "
+               "host name)", metavar="NAME"),
+    OptionSpec("cluster_lease_ttl", _lease_ttl, 10,
+               "seconds after a node stops answering etcd before another node takes over its "
+               "uploads (default 10)", metavar="SECONDS"),
     OptionSpec("allow_other", _flag, False, "let users other than the mounting one use the mount",
                is_flag=True),
     OptionSpec("uid", _id, None, "owner of files and directories whose object names none "
@@ -274,6 +312,9 @@ class MountOptions:
     cluster_endpoint_url: str | None
     cluster_profile: str | None
     cluster_timeout: float
+    etcd: tuple[str, ...] | None
+    node_name: str | None
+    cluster_lease_ttl: int
     allow_other: bool
     uid: int | None
     gid: int | None
@@ -320,4 +361,14 @@ def build_mount_options(sources: dict[str, str], values: dict[str, Any]) -> Moun
                                          or settled["cluster_profile"]):
         raise AvafsError("--cluster-endpoint-url and --cluster-profile need --cluster-cache "
                          "s3://BUCKET[/prefix]")
+    if settled["writeback"] == "cluster" and not (settled["cluster_cache"] and settled["etcd"]):
+        raise AvafsError("--writeback cluster needs --cluster-cache s3://BUCKET[/prefix] (where "
+                         "files are staged) and --etcd URL[,URL...] (where their queue is kept)")
+    if settled["writeback"] == "cluster" and settled["read_only"]:
+        raise AvafsError("--writeback cluster and --read-only contradict: drop one")
+    if settled["writeback"] != "cluster" and (settled["etcd"] or settled["node_name"]):
+        raise AvafsError("--etcd and --node-name are for --writeback cluster: add it, or drop "
+                         "them")
+    if settled["writeback"] == "cluster" and not settled["node_name"]:
+        settled["node_name"] = _node_name(socket.gethostname() or "avafs")
     return MountOptions(sources=sources, **settled)

@@ -51,6 +51,8 @@ class StatusSource(Protocol):
 
     def dirty_status(self) -> dict[str, Any]: ...
 
+    def cluster_writes_status(self) -> dict[str, Any] | None: ...
+
 
 def _store_health(store: ObjectStore) -> dict[str, Any]:
     since = store.unreachable_since
@@ -118,6 +120,7 @@ def build_status(filesystem: StatusSource) -> dict[str, Any]:
         "evictions": {tier: int(metrics.value(metrics.evictions, tier)) for tier in TIERS},
         "dirty": filesystem.dirty_status(),
         "cluster": _cluster_status(filesystem),
+        "cluster_writes": filesystem.cluster_writes_status(),
         "stores": {name: _store_health(store) for name, store in filesystem.stores.items()},
         "warmups": [job.as_dict() for job in filesystem.warmups.running()],
         "prefetch": {"queued": filesystem.prefetcher.queued,

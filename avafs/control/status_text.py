@@ -53,6 +53,17 @@ def format_status(status: dict[str, Any]) -> str:
     dirty = status["dirty"]
     lines.append(f"  dirty: {format_size(dirty['bytes'])} in {dirty['files']} files, upload "
                  f"queue {dirty['upload_queue']}")
+    writes = status.get("cluster_writes")
+    if writes is not None:
+        durable = ("in the cluster" if writes["durable_in"] == "cluster" else
+                   f"ONLY ON THIS NODE ({writes['unstaged']} files not staged"
+                   + (f": {writes['last_error']}" if writes["last_error"] else "") + ")")
+        lines.append(f"  cluster writes: node {writes['node']} of {writes['cluster']}, "
+                     f"writes durable {durable}")
+        for takeover in writes["takeovers"]:
+            state = "done" if takeover["finished"] else "running"
+            lines.append(f"  took over node {takeover['node']} ({state}): "
+                         f"{takeover['uploaded']} files uploaded")
     for refused in dirty["set_aside"]:
         lines.append(f"  set aside (the store refuses it; kept locally): "
                      f"{_path(status, refused)}: {refused['error']}")

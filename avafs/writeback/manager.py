@@ -10,7 +10,9 @@ holds it, so a file deleted while open keeps its bytes, and counts, until its la
 
 Durability: `commit()` (FUSE flush and fsync, i.e. close() and fsync()) fsyncs the data file and
 journals the pending state before it returns. Nothing leaves the journal until the store
-acknowledged it, whatever fails meanwhile.
+acknowledged it, whatever fails meanwhile. Under `--writeback cluster` it first stages the file
+in the cluster (cluster_queue.py), holding no lock; a state that could not be staged stays
+node-durable and `restage` stages it again later.
 
 Failures: an upload that may succeed later is retried with backoff; one the store refuses for
 good (StoreError.permanent) is set aside: kept pending, journaled and on disk, reported by the
@@ -39,6 +41,7 @@ from ..metrics import Metrics
 from ..objects import ObjectRef, allocated, parent_prefix
 from ..stores.base import ObjectInfo
 from ..stores.metadata import Attrs
+from .cluster_queue import ClusterQueue, StagingFailed
 from .journal import Journal
 from .pending import COPY, DATA, DELETED, Pending
 from .streaming import StreamUploads
@@ -88,6 +91,13 @@ class WriteBack:
         """Called with (source, key) when the key's pending state comes or goes."""
         self.streams: StreamUploads | None = None
         """Uploads of files while they are written, where the stores take parts."""
+        self.cluster: ClusterQueue | None = None
+        """Under --writeback cluster, where committed files are staged (`enable_cluster`)."""
+        self.source_urls: dict[str, str] = {}
+        self.may_upload: Callable[[], bool] = lambda: True
+        """Whether the uploaders may start an upload now. Under --writeback cluster only while
+        this node provably holds its queue (takeover.py): a taker uploading the node's records
+        meanwhile must not have an older record land after a newer upload from here."""
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
         """Wakes those waiting for keys to settle (close under --writeback sync, flush)."""
@@ -158,6 +168,7 @@ class WriteBack:
         if old is not None:
             if old.slot == entry.slot:  # replaced, not moved to another key by a rename
                 self._cancel(old)
+                self._unstage(old)
             self._count_copy(old, -1)
             self._stop_streaming(old)
             if old.file:
@@ -174,6 +185,7 @@ class WriteBack:
         del self._pending[entry.slot]
         del self._order[entry.slot]
         self._cancel(entry)
+        self._unstage(entry)
         self._count_copy(entry, -1)
         self._stop_streaming(entry)
         keys = self._by_dir.get((entry.source, parent_prefix(entry.key)))
@@ -405,10 +417,15 @@ class WriteBack:
         return False
 
     def commit(self, entry: Pending, fd: int | None) -> None:
-        """Make the entry's data and state durable locally (close() and fsync() wait for it)."""
+        """Make the entry's data and state durable locally, and under --writeback cluster in
+        the cluster when it answers (close() and fsync() wait for it)."""
         if fd is not None:
             os.fsync(fd)
+        staged = self._stage(entry) if self.cluster is not None and self.cluster.available() \
+            else None
         with self.lock:
+            if staged is not None:
+                self._adopt_staged(entry, *staged)
             if self._pending.get(entry.slot) is not entry:
                 return
             # Queued under the lock, so the journal keeps the order of changes; waited for
@@ -456,6 +473,84 @@ class WriteBack:
             ticket = self.journal.submit([current])
             self._wake_uploader()
         self.journal.wait(ticket)
+
+    # --- cluster writes (cluster_queue.py) --------------------------------------------------------
+
+    def enable_cluster(self, queue: ClusterQueue, source_urls: dict[str, str]) -> None:
+        """Stage committed files in the cluster (`source_urls`: each source's URL, which
+        the records name so any node can upload them)."""
+        self.cluster, self.source_urls = queue, source_urls
+
+    def _stage(self, entry: Pending) -> tuple[str, str, int] | None:
+        """Stage the entry's data as it is now, holding no lock (its file is held meanwhile);
+        (record id, key, generation), or None if it stays node-durable."""
+        with self.lock:
+            if self._pending.get(entry.slot) is not entry or entry.kind != DATA or \
+                    not entry.file or entry.staged_generation == entry.generation or \
+                    not self.hold_file(entry.file):
+                return None  # gone, not data, or staged as it is (an fsync, then the close)
+            name, key, generation = entry.file, entry.key, entry.generation
+            size, mtime, attrs = entry.size, entry.mtime, entry.attrs
+        try:
+            record = self.cluster.stage(self.source_urls[entry.source], key,
+                                        self.data_dir / name, size, mtime, attrs)
+        except StagingFailed:
+            return None
+        finally:
+            self.drop_file(name)
+        return record, key, generation
+
+    def _adopt_staged(self, entry: Pending, record: str, key: str, generation: int) -> bool:
+        """Make `record` the entry's record unless the entry went, moved to another key, or
+        has a newer one; the record left over is dropped (call with the lock held)."""
+        newer = entry.staged_generation is not None and entry.staged_generation > generation
+        if self._pending.get(entry.slot) is not entry or entry.key != key or newer:
+            self.cluster.drop(record)
+            return False
+        if entry.staged is not None:
+            self.cluster.drop(entry.staged)
+        entry.staged, entry.staged_generation = record, generation
+        return True
+
+    def _unstage(self, entry: Pending) -> None:
+        """The entry is no longer its key's state: its record goes (in the background)."""
+        if entry.staged is not None and self.cluster is not None:
+            self.cluster.drop(entry.staged)
+        entry.staged = entry.staged_generation = None
+
+    def unstaged(self) -> list[Pending]:
+        """Committed file states whose current content is not staged: only node-durable."""
+        with self.lock:
+            return [entry for entry in self._pending.values()
+                    if entry.kind == DATA and entry.file and entry.durable
+                    and entry.staged_generation != entry.generation]
+
+    def pending_keys(self) -> set[tuple[str, str]]:
+        """(source, key) of every pending state: newer here than any record of it that no
+        pending state names."""
+        with self.lock:
+            return {(entry.source, entry.key) for entry in self._pending.values()}
+
+    def staged_ids(self) -> set[str]:
+        with self.lock:
+            return {entry.staged for entry in self._pending.values() if entry.staged}
+
+    def restage(self) -> int:
+        """Stage every committed state that is only node-durable (a failed stage, a rename,
+        a change of attributes), oldest change first; how many were staged. Stops at the
+        first failure: the cluster is not answering."""
+        staged_count = 0
+        for entry in self.unstaged():
+            staged = self._stage(entry)
+            if staged is None:
+                break
+            with self.lock:
+                if not self._adopt_staged(entry, *staged) or not entry.durable:
+                    continue
+                ticket = self.journal.submit([entry])
+            self.journal.wait(ticket)
+            staged_count += 1
+        return staged_count
 
     @staticmethod
     def _stored(entry: Pending) -> bool:
@@ -573,6 +668,8 @@ class WriteBack:
         entries skipped for other reasons (open, backing off, waiting for another key), not
         the number pending, which matters with tens of thousands of small files queued."""
         hurry = self._hurried()
+        if not self.may_upload():
+            return None
         with self.lock:
             for slot in self._order:
                 entry = self._pending[slot]

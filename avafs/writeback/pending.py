@@ -56,6 +56,9 @@ class Pending:
     """Mode and owner the store must get with `mtime` (DATA: always, unset fields left out;
     COPY: where not None, else the copy keeps the source's). A COPY onto its own key is a
     change of attributes alone: the store copies the object onto itself."""
+    staged: str | None = None
+    """Under --writeback cluster, the id of this state's record in the cluster's queue
+    (cluster_queue.py); None while it is only node-durable."""
     # Not journaled: the state of this daemon's work on the entry.
     durable: bool = False
     writers: int = 0
@@ -83,6 +86,8 @@ class Pending:
     stays pending and journaled, its data kept, but no longer retried on its own."""
     cancelled: bool = False
     """No longer the key's state (replaced or removed): an upload of it in flight stops."""
+    staged_generation: int | None = None
+    """The generation `staged` holds; the state needs staging again while it differs."""
     allocated: int | None = None
     """What the data file takes on disk, measured, once a write or truncate left a hole in it;
     None while it has none, when that is its length rounded up to whole disk blocks."""
@@ -96,7 +101,7 @@ class Pending:
             "source": self.source, "key": self.key, "kind": self.kind, "seq": self.seq,
             "size": self.size, "mtime": self.mtime, "file": self.file,
             "copy_from": self.copy_from, "copy_etag": self.copy_etag,
-            "wait_for": list(self.wait_for),
+            "wait_for": list(self.wait_for), "staged": self.staged,
             "attrs": None if self.attrs is None else [self.attrs.mode, self.attrs.uid,
                                                       self.attrs.gid],
         }).encode()
@@ -107,7 +112,8 @@ class Pending:
         fields["wait_for"] = tuple(fields["wait_for"])
         if fields.get("attrs") is not None:
             fields["attrs"] = Attrs(*fields["attrs"])
-        return cls(**fields, durable=True)
+        return cls(**fields, durable=True,
+                   staged_generation=0 if fields.get("staged") else None)
 
 
 def journal_key(source: str, key: str) -> bytes:

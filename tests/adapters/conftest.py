@@ -1,4 +1,5 @@
-"""Fixtures for the adapter tests: a real etcd and real coordinator services.
+"""Fixtures for the adapter tests: real coordinator services (the real etcd is tests/conftest.py's
+`etcd`).
 
 Every process started here is stopped at teardown, even when a test fails.
 """
@@ -6,11 +7,8 @@ Every process started here is stopped at teardown, even when a test fails.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,44 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from adapters_testlib import (  # noqa: E402 - needs the path above
     REPO,
     CoordinatorService,
-    stop_process,
 )
-from support import free_port, wait_for_port  # noqa: E402
-
-
-@dataclass
-class Etcd:
-    host: str
-    port: int
-    process: subprocess.Popen
-
-    @property
-    def url(self) -> str:
-        return f"etcd://{self.host}:{self.port}"
-
-
-@pytest.fixture(scope="session")
-def etcd(tmp_path_factory) -> Iterator[Etcd]:
-    """A real single-member etcd (Debian's etcd-server) on free loopback ports."""
-    binary = shutil.which("etcd")
-    if binary is None:
-        pytest.fail("etcd is not installed: apt-get install -y etcd-server")
-    data_dir = tmp_path_factory.mktemp("etcd")
-    client_port, peer_port = free_port(), free_port()
-    client_url, peer_url = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
-    log = open(data_dir / "etcd.log", "wb")  # noqa: SIM115 - lives as long as etcd
-    process = subprocess.Popen(
-        [binary, "--name", "adapters-test", "--data-dir", str(data_dir / "data"),
-         "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
-         "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-         "--initial-cluster", f"adapters-test={peer_url}"],
-        stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_for_port(client_port)
-        yield Etcd("127.0.0.1", client_port, process)
-    finally:
-        stop_process(process)
-        log.close()
 
 
 @pytest.fixture

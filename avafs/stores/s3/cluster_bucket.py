@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from email.utils import parsedate_to_datetime
+from typing import BinaryIO
 
 import boto3
 import botocore.exceptions
@@ -90,6 +91,19 @@ class ClusterBucket(S3Store):
                     return False
                 raise
         return True
+
+    def open_object(self, key: str, size: int) -> BinaryIO:
+        """The object `key` of `size` bytes as a stream (a staged file, read once)."""
+        with self._store_errors(f"GET of {key!r}"):
+            return self._sized(size).get_object(Bucket=self.bucket, Key=self.prefix + key)["Body"]
+
+    def keys_under(self, prefix: str) -> list[str]:
+        """Every key that starts with `prefix` (relative to the bucket's prefix)."""
+        with self._store_errors(f"LIST of {prefix!r}"):
+            pages = self._sized(0).get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self.prefix + prefix)
+            return [item["Key"][len(self.prefix):] for page in pages
+                    for item in page.get("Contents", ())]
 
     def age(self, key: str) -> float | None:
         """Seconds since `key` was written, by the store's clock (its Date header against the

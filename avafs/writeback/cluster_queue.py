@@ -1,0 +1,253 @@
+"""A node's queue of pending uploads kept outside the node (`--writeback cluster`).
+
+Mechanism. Committing a file (close(), fsync()) under `--writeback cluster` stages it: the
+whole data file is PUT to the cluster store as `staging/<node>/<id>` (the store replicates
+it), then its record, naming the origin (source URL and key), the staging object, size,
+mtime and attributes, is put in etcd under `/avafs/<cluster id>/queue/<node>/<id>`. Ids grow
+with time, so the queue's key order is the order files were committed. Only then is the
+state journaled locally and the close acknowledged.
+
+Invariants.
+- A record is written only while this node holds its queue: the transaction that puts it
+  compares the node's owner key (takeover.py) with the value this node gave it, so a node
+  that lost its lease (and maybe its queue to a taker) cannot add a record that nobody would
+  upload; the stage fails and the file stays node-durable.
+- A record exists only once its staging object is complete; the record goes before its
+  object (`settle`), so a record never names a missing object. An object without a record is
+  garbage a take-over sweeps.
+- A record outlives the origin's copy only briefly: it is deleted after the upload of its
+  state settled (or once the state was replaced or removed, see below), never before.
+- Per key the newest record wins: a take-over uploads, of a key's records, only the last.
+- Deletions, renames and attribute changes are not recorded: a node lost before they reach
+  the origin loses them (a file renamed after its close is re-staged under its new key by the
+  daemon's re-stager, seconds later; until then a take-over puts it under its old key). An
+  unlinked file's record is dropped in the background after the unlink is journaled.
+- The cluster store and etcd are optional at any moment: a failed stage leaves the state
+  node-durable (journaled locally, as under `--writeback async`), counted in `unstaged`, and
+  the daemon's re-stager stages it again once both answer. After a failure, commits skip
+  staging for PAUSE_AFTER_ERROR seconds, so an outage costs one timeout per pause; the first
+  stage that succeeds (the re-stager's) ends the pause, so the status never says
+  cluster-durable while commits still skip staging.
+
+Threads and locks. `stage` runs in the committing thread, holding no lock. Drops run in one
+background thread (`avafs-unstage`). `_lock` guards the error state only and is a leaf; the
+write-back manager calls `drop` with `WriteBack.lock` held (it only queues).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
+from urllib.parse import quote
+
+from ..stores.metadata import Attrs
+from .coordination import Etcd, EtcdUnavailable
+
+if TYPE_CHECKING:  # boto3 is optional: only a cluster mount needs it
+    from ..stores.s3.cluster_bucket import ClusterBucket
+
+log = logging.getLogger(__name__)
+
+PAUSE_AFTER_ERROR = 5.0
+"""Seconds commits skip staging after a failure (the re-stager keeps trying meanwhile)."""
+
+
+class StagingFailed(Exception):
+    """The cluster store or etcd did not take a file; it stays node-durable."""
+
+
+class QueueNotHeld(Exception):
+    """This node does not hold its own queue (its owner key) now."""
+
+
+def cluster_id(cluster_cache: str) -> str:
+    """The cluster's name in etcd: its cluster store's bucket and prefix, as one path element."""
+    return quote(cluster_cache.removeprefix("s3://").strip("/"), safe="")
+
+
+@dataclass(frozen=True)
+class Record:
+    """One committed file of a node's queue."""
+
+    id: str
+    source_url: str
+    key: str
+    size: int
+    mtime: float
+    attrs: tuple[int | None, int | None, int | None] | None
+
+    def encode(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def decode(cls, text: str) -> Record:
+        fields = json.loads(text)
+        if fields["attrs"] is not None:
+            fields["attrs"] = tuple(fields["attrs"])
+        return cls(**fields)
+
+    @property
+    def attributes(self) -> Attrs | None:
+        return None if self.attrs is None else Attrs(*self.attrs)
+
+
+class ClusterQueue:
+    """The staging objects and records of one cluster (`cluster_id`), for node `node`; the
+    records and objects of other nodes are read and settled by a take-over."""
+
+    def __init__(self, bucket: ClusterBucket, etcd: Etcd, cluster: str, node: str) -> None:
+        self.bucket = bucket
+        self.etcd = etcd
+        self.cluster = cluster
+        self.node = node
+        self.root = f"/avafs/{cluster}/"
+        self._lock = threading.Lock()
+        self._paused_until = 0.0
+        self.last_error: str | None = None
+        self.failing_since: float | None = None
+        self._drops = ThreadPoolExecutor(1, thread_name_prefix="avafs-unstage")
+        self.fence: Callable[[], tuple[str, str] | None] = lambda: None
+        """This node's owner key and the value it holds while this node holds its queue
+        (takeover.py), or None while it does not: staging waits for it."""
+
+    # --- names ---------------------------------------------------------------------------------
+
+    def queue_prefix(self, node: str | None = None) -> str:
+        return f"{self.root}queue/{node or self.node}/"
+
+    def object_name(self, node: str, record_id: str) -> str:
+        return f"staging/{node}/{record_id}"
+
+    # --- staging -------------------------------------------------------------------------------
+
+    def available(self) -> bool:
+        """False for a while after a failure: commits leave staging to the re-stager."""
+        with self._lock:
+            paused = time.monotonic() < self._paused_until
+        return not paused and self.fence() is not None
+
+    def stage(self, source_url: str, key: str, path: Path, size: int, mtime: float,
+              attrs: Attrs | None) -> str:
+        """Put the file at `path` and its record in the cluster; its record id. Raises
+        StagingFailed (and pauses staging) when the store or etcd does not take it."""
+        record = Record(f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}", source_url, key, size,
+                        mtime, None if attrs is None else (attrs.mode, attrs.uid, attrs.gid))
+        name = self.object_name(self.node, record.id)
+        try:
+            with open(path, "rb") as file:
+                self.bucket.put(name, _Exactly(file, size), size)
+            try:
+                fence = self.fence()
+                if fence is None or not self.etcd.put_if(self.queue_prefix() + record.id,
+                                                         record.encode(), *fence):
+                    raise QueueNotHeld("this node does not hold its queue in etcd (its lease "
+                                       "expired); it stages again once it does")
+            except (EtcdUnavailable, QueueNotHeld):
+                self._drops.submit(self._delete_object, name)
+                raise
+        except Exception as error:  # noqa: BLE001 - any failure leaves the file node-durable
+            self._failed(error)
+            raise StagingFailed(str(error)) from None
+        with self._lock:
+            self.failing_since, self.last_error = None, None
+            self._paused_until = 0.0
+        return record.id
+
+    def _failed(self, error: Exception) -> None:
+        with self._lock:
+            first = self.failing_since is None
+            if first:
+                self.failing_since = time.monotonic()
+            self.last_error = str(error)
+            self._paused_until = time.monotonic() + PAUSE_AFTER_ERROR
+        if first:
+            log.warning("cluster writes: cannot stage in the cluster (%s); writes are only "
+                        "node-durable until it answers, then staged again", error)
+
+    def drop(self, record_id: str) -> None:
+        """Forget one of this node's records and its object, in the background (called with
+        `WriteBack.lock` held: it only queues)."""
+        self._drops.submit(self._settle_quietly, self.node, record_id)
+
+    def _settle_quietly(self, node: str, record_id: str) -> None:
+        try:
+            self.settle(node, record_id)
+        except Exception as error:  # noqa: BLE001 - a take-over would upload it once more
+            log.warning("cluster writes: could not delete the settled record %s (%s); a "
+                        "take-over of this node would upload it again", record_id, error)
+
+    def _delete_object(self, name: str) -> None:
+        try:
+            self.bucket.delete(name)
+        except Exception as error:  # noqa: BLE001 - garbage a take-over sweeps
+            log.info("cluster writes: could not delete %s: %s", name, error)
+
+    # --- reading and settling a queue ----------------------------------------------------------
+
+    def records(self, node: str) -> list[Record]:
+        """The records of `node`'s queue, oldest commit first. Raises EtcdUnavailable."""
+        return [Record.decode(value) for _, value in self.etcd.get_prefix(self.queue_prefix(node))]
+
+    def queued_nodes(self) -> set[str]:
+        """Nodes that have records. Raises EtcdUnavailable."""
+        prefix = f"{self.root}queue/"
+        return {key[len(prefix):].split("/", 1)[0]
+                for key, _ in self.etcd.get_prefix(prefix)}
+
+    def open_staged(self, node: str, record: Record) -> BinaryIO:
+        """The staging object of `record`, streamed. Raises StoreError."""
+        return self.bucket.open_object(self.object_name(node, record.id), record.size)
+
+    def settle(self, node: str, record_id: str) -> None:
+        """The record first, then its object (a record never names a missing object)."""
+        self.etcd.delete(self.queue_prefix(node) + record_id)
+        self.bucket.delete(self.object_name(node, record_id))
+
+    def sweep(self, node: str) -> int:
+        """Delete `node`'s staging objects that no record names (a crash between a record's
+        and its object's deletion, or a stage whose record failed); how many."""
+        named = {record.id for record in self.records(node)}
+        swept = 0
+        for key in self.bucket.keys_under(f"staging/{node}/"):
+            if key.rsplit("/", 1)[-1] not in named:
+                self.bucket.delete(key)
+                swept += 1
+        return swept
+
+    def close(self) -> None:
+        self._drops.shutdown(wait=True)
+
+
+class _Exactly(io.RawIOBase):
+    """The first `size` bytes of `file`: the length the stage recorded, though a writer may be
+    appending meanwhile (the record and the object must agree)."""
+
+    def __init__(self, file: BinaryIO, size: int) -> None:
+        super().__init__()
+        self._file = file
+        self._size = size
+
+    def read(self, size: int = -1) -> bytes:
+        left = max(0, self._size - self._file.tell())
+        return self._file.read(left if size is None or size < 0 else min(size, left))
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._file.tell()

@@ -1,0 +1,378 @@
+"""Cluster membership and take-over of a lost node's queue (`--writeback cluster`).
+
+Mechanism. Each daemon holds an etcd lease of `--cluster-lease-ttl` seconds, kept alive by its
+`avafs-lease` thread, and two keys bound to it: `/avafs/<cluster>/nodes/<node>` (alive) and
+`/avafs/<cluster>/owner/<node>` (who uploads that node's queue). When a daemon dies its lease
+expires and etcd deletes both. The `avafs-cluster-watch` thread of every other daemon looks for
+nodes that have records but no owner and tries to create their owner key bound to its own lease,
+in one etcd transaction that succeeds only where the key is absent: exactly one daemon wins and
+drains that queue (`drain`), uploading each key's last record from its staging object to the
+origin in record order, settling each record as its upload lands, then deleting the owner key.
+A taker that dies part way loses the owner key with its lease, and another daemon takes over
+where it stopped (an upload done twice is idempotent: the same bytes).
+
+Invariants.
+- Never two uploaders of one queue: only the owner key's holder uploads a queue's records.
+- Fencing: a daemon holds its own queue only while its owner key names its lease and a lease
+  TTL has not passed since the last keep-alive etcd answered was sent (etcd never expires a
+  lease sooner). Only then does it stage, and the transaction that writes a record also
+  compares the owner key with the value this daemon gave it, so no record is added to a queue
+  someone else owns (cluster_queue.py). Its own uploaders start uploads only then too
+  (`WriteBack.may_upload`), so while a taker uploads the node's records no newer upload of
+  the same key starts here; an upload already under way when the lease lapsed may still land
+  before a taker's older record of that key (keep the TTL above the longest upload, or etcd
+  outages short).
+- A daemon whose keep-alive finds its lease expired (etcd unreachable, or the process stalled,
+  for longer than the TTL) reports node-durable, takes a new lease, waits until no taker holds
+  its owner key (the taker deletes it once the queue is drained), takes the key again, and
+  its watch thread stages again what it acknowledged meanwhile. A daemon starting under a
+  name whose owner key is held (its previous life's lease not yet expired, or a taker
+  draining it) waits for it the same way before it joins.
+- Records of this node's previous life that no journaled state names (the node's disk was
+  replaced) are drained by the node itself when it takes its key, except keys it has a
+  newer state of.
+
+Threads and locks. `_lock` guards the take-over table and the membership state and is a leaf.
+The watch thread calls `WriteBack.restage`, which takes `WriteBack.lock` itself; nothing here
+is called with `WriteBack.lock` held.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import AvafsError
+from ..metrics import Metrics
+from ..stores.base import ObjectStore
+from ..stores.metadata import Attrs
+from .cluster_queue import ClusterQueue, Record
+from .coordination import EtcdUnavailable
+from .manager import WriteBack
+
+log = logging.getLogger(__name__)
+
+OpenOrigin = Callable[[str], ObjectStore]
+"""The origin store of a source URL, as the records name it."""
+_RETRY_FIRST, _RETRY_LAST = 0.5, 10.0
+
+
+class QueueLost(Exception):
+    """This daemon no longer holds the owner key of the queue it was draining."""
+
+
+@dataclass
+class Takeover:
+    """One queue being drained (or drained) by this daemon."""
+
+    node: str
+    started: float = field(default_factory=time.time)
+    finished: float | None = None
+    uploaded: int = 0
+    settled: int = 0
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "started": self.started, "finished": self.finished,
+                "uploaded": self.uploaded, "settled": self.settled, "error": self.error}
+
+
+def drain(queue: ClusterQueue, node: str, open_origin: OpenOrigin, still_owner: Callable[[], bool],
+          progress: Takeover, only: set[str] | None = None,
+          keep_keys: set[tuple[str, str]] = frozenset()) -> None:
+    """Upload `node`'s records (those in `only`, if given) to the origin in record order, the
+    last record of each key only, settling each as it lands, until none is left; retried with
+    backoff while `still_owner()` holds. Keys in `keep_keys` have a newer state on this node:
+    their records are settled without an upload. Raises QueueLost."""
+    delay = _RETRY_FIRST
+    while True:
+        if not still_owner():
+            raise QueueLost(node)
+        try:
+            records = [record for record in queue.records(node)
+                       if only is None or record.id in only]
+            if not records:
+                break
+            last = {(record.source_url, record.key): record.id for record in records}
+            for record in records:
+                if not still_owner():
+                    raise QueueLost(node)
+                if last[(record.source_url, record.key)] == record.id and \
+                        (record.source_url, record.key) not in keep_keys:
+                    _upload(queue, node, record, open_origin)
+                    progress.uploaded += 1
+                queue.settle(node, record.id)
+                progress.settled += 1
+            delay = _RETRY_FIRST
+            progress.error = None
+        except QueueLost:
+            raise
+        except Exception as error:  # noqa: BLE001 - retried for as long as this daemon owns it
+            progress.error = str(error)
+            log.warning("take-over of node %s: %s; retrying in %.1fs", node, error, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, _RETRY_LAST)
+    if only is None:
+        try:
+            queue.sweep(node)
+        except Exception as error:  # noqa: BLE001 - garbage only: the next take-over sweeps
+            log.info("take-over of node %s: staging objects not swept: %s", node, error)
+
+
+def _upload(queue: ClusterQueue, node: str, record: Record, open_origin: OpenOrigin) -> None:
+    body = queue.open_staged(node, record)
+    try:
+        open_origin(record.source_url).put(record.key, body, record.size, record.mtime,
+                                           record.attributes or Attrs())
+    finally:
+        body.close()
+
+
+class ClusterMember:
+    """This daemon in its cluster: lease, own queue, re-staging, take-overs of lost nodes."""
+
+    def __init__(self, queue: ClusterQueue, ttl: int, writeback: WriteBack,
+                 open_origin: OpenOrigin, metrics: Metrics) -> None:
+        self.queue = queue
+        self.etcd = queue.etcd
+        self.ttl = ttl
+        self.writeback = writeback
+        self.open_origin = open_origin
+        self.metrics = metrics
+        self.owner_key = f"{queue.root}owner/{queue.node}"
+        self._lock = threading.Lock()
+        self._lease: int | None = None
+        """Written by the keep-alive thread (and `start` before it runs) only."""
+        self._owner_value: str | None = None
+        """What this node's owner key holds while this node holds it, else None."""
+        self._held_until = 0.0
+        """Monotonic time until which the owner key is provably this node's: a lease TTL after
+        the last keep-alive (or grant) that etcd answered was sent."""
+        self.takeovers: dict[str, Takeover] = {}
+        self._stopping = threading.Event()
+        metrics.cluster_unstaged.set_function(lambda: len(writeback.unstaged()))
+        metrics.cluster_node_only.set_function(lambda: int(not self.cluster_durable()))
+        queue.fence = self._fence
+        writeback.may_upload = self.holds_queue
+        self._threads = [threading.Thread(target=self._keep_alive, daemon=True, name="avafs-lease"),
+                         threading.Thread(target=self._watch, daemon=True,
+                                          name="avafs-cluster-watch")]
+
+    @property
+    def key_root(self) -> str:
+        return self.queue.root
+
+    def holds_queue(self) -> bool:
+        """Whether this node provably holds its own queue now (so it may stage and upload)."""
+        return self._fence() is not None
+
+    def _fence(self) -> tuple[str, str] | None:
+        with self._lock:
+            if self._owner_value is None or time.monotonic() >= self._held_until:
+                return None
+            return self.owner_key, self._owner_value
+
+    def start(self, join_timeout: float) -> None:
+        """Join (waiting up to `join_timeout` seconds for this node's name to be free), drain
+        what the node's previous life left that no journaled state names, and start the
+        threads. etcd not answering is no failure: the threads join once it does."""
+        deadline = time.monotonic() + join_timeout
+        try:
+            while not self._renew():
+                if time.monotonic() > deadline:
+                    raise AvafsError(
+                        f"node name {self.queue.node!r} is in use in cluster "
+                        f"{self.queue.cluster} (a live daemon, or a take-over of its queue, "
+                        "holds it): give this node its own --node-name, or wait and mount again")
+                time.sleep(0.5)
+        except EtcdUnavailable as error:
+            log.warning("cluster writes: etcd does not answer (%s); writes are only "
+                        "node-durable until it does", error)
+        for thread in self._threads:
+            thread.start()
+
+    def _renew(self) -> bool:
+        """One keep-alive: extend the lease (a new one if it expired) and hold this node's
+        owner key under it, if it is free; whether this node holds its queue now. A node
+        that finds its lease expired stops staging and uploading at once (a taker may be
+        draining its queue) and takes its owner key again once the taker has finished; the
+        watch thread then stages again what was acknowledged meanwhile. Raises
+        EtcdUnavailable."""
+        sent = time.monotonic()
+        if self._lease is not None and self.etcd.refresh(self._lease):
+            if self._owner_value is None:
+                return self._acquire(sent)
+            with self._lock:
+                self._held_until = sent + self.ttl
+            return True
+        if self._lease is not None and self._owner_value is not None and \
+                self.etcd.get(self.owner_key) == self._owner_value:
+            return self.holds_queue()  # the lease holds (its key does): extend it next time
+        if self._owner_value is not None:
+            log.error("cluster writes: this node's lease expired; writes are only node-durable "
+                      "and uploads wait until it holds its queue again (another node may be "
+                      "taking it over meanwhile)")
+        with self._lock:
+            self._owner_value = None
+        self._lease = self.etcd.grant(self.ttl)
+        return self._acquire(sent)
+
+    def _acquire(self, sent: float) -> bool:
+        """Create this node's owner key under the lease if it is free (a taker, or this
+        node's previous life, holds it otherwise: wait for it)."""
+        node, value = self.queue.node, f"{self.queue.node} {self._lease}"
+        if not self.etcd.create(self.owner_key, value, self._lease) and \
+                self.etcd.get(self.owner_key) != value:
+            log.debug("cluster writes: the queue of %s is held by %s; waiting", node,
+                      self.etcd.get(self.owner_key))
+            return False
+        self.etcd.put(f"{self.key_root}nodes/{node}", str(time.time()), self._lease)
+        leftover = {record.id for record in self.queue.records(node)} - \
+            self.writeback.staged_ids()
+        with self._lock:
+            self._owner_value, self._held_until = value, sent + self.ttl
+        log.info("cluster writes: node %s holds its queue in cluster %s", node, self.queue.cluster)
+        if leftover:
+            self._start_drain(node, only=leftover)
+        return True
+
+    def _keep_alive(self) -> None:
+        while not self._stopping.wait(max(self.ttl / 3, 0.3)):
+            try:
+                self._renew()
+            except EtcdUnavailable as error:
+                log.debug("cluster writes: keep-alive failed: %s", error)
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(max(self.ttl / 3, 0.3)):
+            try:
+                if self.holds_queue():
+                    self.writeback.restage()
+                    self._take_over_lost_nodes()
+            except EtcdUnavailable as error:
+                log.debug("cluster writes: watch: %s", error)
+            except Exception:
+                log.exception("cluster writes: watch failed")
+
+    def _take_over_lost_nodes(self) -> None:
+        for node in sorted(self.queue.queued_nodes() - {self.queue.node}):
+            with self._lock:
+                running = node in self.takeovers and self.takeovers[node].finished is None
+            if running or self._lease is None:
+                continue
+            if self.etcd.create(f"{self.key_root}owner/{node}",
+                                f"{self.queue.node} {self._lease}", self._lease):
+                log.warning("cluster writes: node %s is gone (its lease expired); this node "
+                            "takes over its queue", node)
+                self.metrics.cluster_takeovers.inc()
+                self._start_drain(node)
+
+    def _start_drain(self, node: str, only: set[str] | None = None) -> None:
+        progress = Takeover(node)
+        with self._lock:
+            self.takeovers[node] = progress
+        keep = {(self.writeback.source_urls.get(source, ""), key)
+                for source, key in self.writeback.pending_keys()} if only is not None else set()
+        threading.Thread(target=self._drain, args=(node, progress, only, keep), daemon=True,
+                         name=f"avafs-takeover-{node}").start()
+
+    def _drain(self, node: str, progress: Takeover, only: set[str] | None,
+               keep: set[tuple[str, str]]) -> None:
+        try:
+            drain(self.queue, node, self.open_origin, lambda: self.holds_queue() and not
+                  self._stopping.is_set(), progress, only, keep)
+            if node != self.queue.node:
+                self.etcd.delete(f"{self.key_root}owner/{node}")
+            log.warning("cluster writes: queue of node %s drained: %d files uploaded",
+                        node, progress.uploaded)
+        except QueueLost:
+            log.warning("cluster writes: stopped draining the queue of node %s: this node lost "
+                        "its lease; another node takes it over", node)
+        except EtcdUnavailable as error:
+            log.warning("cluster writes: take-over of node %s: %s", node, error)
+        finally:
+            self.metrics.cluster_takeover_uploads.inc(progress.uploaded)
+            progress.finished = time.time()
+
+    def cluster_durable(self) -> bool:
+        """Whether committed writes are durable in the cluster now."""
+        return self.holds_queue() and self.queue.failing_since is None and \
+            not self.writeback.unstaged()
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            takeovers = [progress.as_dict() for progress in self.takeovers.values()]
+        return {"node": self.queue.node, "cluster": self.queue.cluster,
+                "etcd": list(self.etcd.urls), "joined": self.holds_queue(),
+                "durable_in": "cluster" if self.cluster_durable() else "node",
+                "unstaged": len(self.writeback.unstaged()),
+                "last_error": self.queue.last_error, "takeovers": takeovers}
+
+    def stop(self) -> None:
+        """Leave: the lease is revoked. What is still queued (an unmount without flush) is
+        then taken over by another daemon like a lost node's queue, and uploaded again by this
+        node's next mount from its journal (the same bytes)."""
+        self._stopping.set()
+        for thread in self._threads:
+            thread.join(timeout=10)
+        if self._lease is not None:
+            try:
+                self.etcd.revoke(self._lease)
+            except EtcdUnavailable as error:
+                log.info("cluster writes: lease not revoked (%s); it expires on its own", error)
+
+
+def recover(queue: ClusterQueue, node: str, ttl: int, open_origin: OpenOrigin,
+            report: Callable[[Takeover], None]) -> Takeover:
+    """`avafs recover --node NODE`: drain `node`'s queue from here, holding its owner key
+    under a lease of our own, as a take-over by a daemon would. AvafsError if the node is
+    alive or its queue is being drained by another daemon."""
+    etcd = queue.etcd
+    lease = etcd.grant(ttl)
+    stopping = threading.Event()
+
+    def keep_alive() -> None:
+        while not stopping.wait(max(ttl / 3, 0.3)):
+            try:
+                etcd.refresh(lease)
+            except EtcdUnavailable as error:
+                log.warning("recover: keep-alive failed: %s", error)
+
+    keeper = threading.Thread(target=keep_alive, daemon=True, name="avafs-lease")
+    keeper.start()
+    try:
+        if etcd.get(f"{queue.root}nodes/{node}") is not None:
+            raise AvafsError(f"node {node!r} is alive (its lease holds): its daemon uploads its "
+                             "queue; recover only a node that is gone")
+        if not etcd.create(f"{queue.root}owner/{node}", f"recover:{queue.node}", lease):
+            holder = etcd.get(f"{queue.root}owner/{node}")
+            raise AvafsError(f"the queue of node {node!r} is being uploaded by {holder}: wait "
+                             "for it to finish")
+        progress = Takeover(node)
+        done = threading.Event()
+
+        def show() -> None:
+            while not done.wait(1.0):
+                report(progress)
+
+        shower = threading.Thread(target=show, daemon=True)
+        shower.start()
+        try:
+            drain(queue, node, open_origin, lambda: True, progress)
+        finally:
+            done.set()
+            shower.join()
+        etcd.delete(f"{queue.root}owner/{node}")
+        progress.finished = time.time()
+        return progress
+    finally:
+        stopping.set()
+        keeper.join()
+        try:
+            etcd.revoke(lease)
+        except EtcdUnavailable as error:
+            log.info("recover: lease not revoked (%s); it expires on its own", error)

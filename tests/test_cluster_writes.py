@@ -1,0 +1,241 @@
+"""Cluster writes (`--writeback cluster`) on real parts: SeaweedFS with two volume servers and
+replication as the cluster store, a real etcd, real mounts as nodes (own daemons, cache dirs and
+mountpoints) over one file:// origin.
+
+A node is lost as a node is: its daemon killed with SIGKILL, its cache dir deleted. Every file
+it fsync'ed must then reach the origin byte-exact through another node (or `avafs recover`),
+within the lease TTL and a few seconds. The written files' size is a parameter
+(AVAFS_TEST_CLUSTER_WRITE_MIB, default 40 MiB for the largest): the issue's 1 GiB takes minutes
+on a small shared machine; AVAFS_TEST_KILL_ROUNDS sets the kill loop's rounds (default 3).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from support import run_avafs
+
+from avafs.client import Client
+
+MiB = 2**20
+TTL = 3
+BIG = int(os.environ.get("AVAFS_TEST_CLUSTER_WRITE_MIB", "40")) * MiB
+ROUNDS = int(os.environ.get("AVAFS_TEST_KILL_ROUNDS", "3"))
+
+
+class Cluster:
+    """Nodes of one cluster: `node(name)` mounts one, `kill(name)` loses it."""
+
+    def __init__(self, seaweed, etcd, origin: Path, mount, tmp_path: Path) -> None:
+        self.seaweed, self.etcd, self.origin = seaweed, etcd, origin
+        self.mount, self.tmp_path = mount, tmp_path
+        self.bucket = f"stage-{uuid.uuid4().hex[:10]}"
+        seaweed.client().create_bucket(Bucket=self.bucket)
+        self.mounts: dict[str, Path] = {}
+        self.lives: dict[str, int] = {}
+
+    @property
+    def options(self) -> list[str]:
+        return ["--cluster-cache", f"s3://{self.bucket}/c", "--cluster-endpoint-url",
+                self.seaweed.endpoint, "--etcd", self.etcd.client_url,
+                "--cluster-lease-ttl", str(TTL)]
+
+    def cache_dir(self, name: str) -> Path:
+        return self.tmp_path / f"cache-{name}-{self.lives.get(name, 0)}"
+
+    def node(self, name: str) -> Path:
+        self.lives[name] = self.lives.get(name, 0) + 1
+        mountpoint = self.mount(self.origin.as_uri(), "--writeback", "cluster", *self.options,
+                                "--node-name", name, "--writeback-delay", "3600",
+                                "--block-size", "1MiB", mountpoint=self.tmp_path / f"mnt-{name}",
+                                cache_dir=self.cache_dir(name))
+        self.mounts[name] = mountpoint
+        return mountpoint
+
+    def kill(self, name: str) -> float:
+        """SIGKILL the node's daemon, unmount its dead mount, delete its cache dir; when."""
+        mountpoint = self.mounts.pop(name)
+        pid = Client(mountpoint).status()["pid"]
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], check=False)
+        shutil.rmtree(self.cache_dir(name), ignore_errors=True)
+        return killed
+
+    def status(self, name: str) -> dict:
+        return Client(self.mounts[name]).status()["cluster_writes"]
+
+
+@pytest.fixture
+def cluster(seaweed_cluster, etcd, local_bucket, mount, tmp_path, monkeypatch) -> Cluster:
+    monkeypatch.setenv("AVAFS_CLUSTER_ACCESS_KEY_ID", "seaweed")
+    monkeypatch.setenv("AVAFS_CLUSTER_SECRET_ACCESS_KEY", "seaweed-secret")
+    return Cluster(seaweed_cluster, etcd, local_bucket, mount, tmp_path)
+
+
+def write_synced(path: Path, data: bytes) -> None:
+    """Write in 1 MiB pieces, fsync, close: acknowledged once this returns."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as file:
+        for offset in range(0, len(data), MiB):
+            file.write(data[offset:offset + MiB])
+        file.flush()
+        os.fsync(file.fileno())
+
+
+def write_files(mountpoint: Path, prefix: str, count: int, big: int = 0) -> dict[str, bytes]:
+    """`count` small files (and one of `big` bytes), each fsync'ed; what was acknowledged."""
+    files = {f"{prefix}/f{index:03d}.bin": os.urandom(1000 + index * 7919)
+             for index in range(count)}
+    if big:
+        files[f"{prefix}/checkpoint.pt"] = os.urandom(big)
+    for name, data in files.items():
+        write_synced(mountpoint / name, data)
+    return files
+
+
+def wait_in_origin(origin: Path, files: dict[str, bytes], deadline: float) -> float:
+    """Until the origin holds every file byte-exact; the time it took from now."""
+    start = time.monotonic()
+    while True:
+        missing = [name for name, data in files.items()
+                   if not (origin / name).is_file() or (origin / name).read_bytes() != data]
+        if not missing:
+            return time.monotonic() - start
+        assert time.monotonic() < deadline, f"{len(missing)} files never reached the origin, " \
+            f"e.g. {missing[:3]}"
+        time.sleep(0.25)
+
+
+def test_a_lost_nodes_fsynced_files_reach_the_origin_through_exactly_one_other_node(cluster):
+    node_a = cluster.node("a")
+    cluster.node("b")
+    cluster.node("c")
+    files = write_files(node_a, "run1", 30, BIG)
+    status = cluster.status("a")
+    assert status["durable_in"] == "cluster" and status["unstaged"] == 0
+    assert not any((cluster.origin / name).exists() for name in files)  # still queued
+
+    killed = cluster.kill("a")
+    took = wait_in_origin(cluster.origin, files, killed + TTL + 30)
+    after_kill = time.monotonic() - killed
+    print(f"lost node's {len(files)} files ({BIG // MiB} MiB largest) in the origin "
+          f"{after_kill:.1f}s after the kill (lease TTL {TTL}s)")
+    assert after_kill < TTL + 15, took
+    takeovers = [takeover for name in ("b", "c") for takeover in cluster.status(name)["takeovers"]]
+    assert [takeover["node"] for takeover in takeovers] == ["a"]
+    deadline = time.monotonic() + 10
+    while not takeovers[0]["finished"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+        takeovers = [t for name in ("b", "c") for t in cluster.status(name)["takeovers"]]
+    assert takeovers[0]["uploaded"] == len(files)
+    text = run_avafs("status", str(cluster.mounts["b"])).stdout
+    assert "cluster writes: node b" in text
+
+
+def test_avafs_recover_uploads_a_lost_nodes_queue_by_hand(cluster):
+    node_a = cluster.node("a")
+    files = write_files(node_a, "run2", 10, 3 * MiB)
+    cluster.kill("a")
+    refused = run_avafs("recover", "--node", "a", *cluster.options)
+    assert refused.returncode == 1 and "is alive" in refused.stderr  # its lease still holds
+    time.sleep(TTL + 1)
+    result = run_avafs("recover", "--node", "a", *cluster.options)
+    assert result.returncode == 0, result.stderr
+    assert f"{len(files)} files uploaded" in result.stdout
+    wait_in_origin(cluster.origin, files, time.monotonic() + 1)
+
+
+def test_an_etcd_restart_loses_nothing_and_takes_over_once(seaweed_cluster, own_etcd,
+                                                          local_bucket, mount, tmp_path,
+                                                          monkeypatch):
+    monkeypatch.setenv("AVAFS_CLUSTER_ACCESS_KEY_ID", "seaweed")
+    monkeypatch.setenv("AVAFS_CLUSTER_SECRET_ACCESS_KEY", "seaweed-secret")
+    cluster = Cluster(seaweed_cluster, own_etcd, local_bucket, mount, tmp_path)
+    node_a = cluster.node("a")
+    cluster.node("b")
+    cluster.node("c")
+    files = write_files(node_a, "before", 5)
+    own_etcd.stop()
+    files |= write_files(node_a, "during", 5)  # acknowledged node-durable
+    status = cluster.status("a")
+    assert status["durable_in"] == "node" and status["unstaged"] >= 1, status
+    own_etcd.start()
+    deadline = time.monotonic() + 30
+    while (status := cluster.status("a"))["durable_in"] != "cluster":
+        assert time.monotonic() < deadline, f"never staged again: {status}"
+        time.sleep(0.3)
+    files |= write_files(node_a, "after", 5, MiB)
+    status = cluster.status("a")
+    assert status["durable_in"] == "cluster" and status["unstaged"] == 0, status
+    killed = cluster.kill("a")
+    wait_in_origin(cluster.origin, files, killed + TTL + 30)
+    takeovers = [t["node"] for name in ("b", "c") for t in cluster.status(name)["takeovers"]]
+    assert takeovers == ["a"]
+
+
+def test_a_node_that_lost_its_lease_while_running_stages_nothing_a_taker_misses(cluster):
+    """A's lease revoked under it (as when etcd does not hear from it for a TTL): B takes
+    over A's queue unless A's next keep-alive takes its owner key back first; A stages nothing
+    into a queue B owns, holds its queue again under a new lease (once B has drained it), and
+    stages again what it acknowledged meanwhile."""
+    import etcd3gw
+    from etcd3gw.lease import Lease
+
+    from avafs.writeback.cluster_queue import cluster_id
+
+    node_a = cluster.node("a")
+    cluster.node("b")
+    files = write_files(node_a, "before", 5)
+    client = etcd3gw.Etcd3Client(host=cluster.etcd.host, port=cluster.etcd.port)
+    owner = f"/avafs/{cluster_id(f's3://{cluster.bucket}/c')}/owner/a"
+    lease = int(client.get(owner)[0].decode().split()[1])
+    Lease(lease, client).revoke()
+    files |= write_files(node_a, "during", 5)  # the queue is not A's: node-durable
+    deadline = time.monotonic() + TTL + 30
+    while (status := cluster.status("a"))["durable_in"] != "cluster" or status["unstaged"]:
+        assert time.monotonic() < deadline, f"never held its queue again: {status}"
+        time.sleep(0.3)
+    assert client.get(owner)[0].decode() != f"a {lease}"
+    files |= write_files(node_a, "after", 5, MiB)
+    killed = cluster.kill("a")
+    wait_in_origin(cluster.origin, files, killed + TTL + 30)
+    log = (cluster.cache_dir("b") / "avafs.log").read_text()
+    assert log.count("node a is gone (its lease expired); this node takes over") in (1, 2)
+
+
+def test_nodes_killed_in_turn_lose_no_acknowledged_byte(cluster):
+    """A and B in turn: the writer is killed, the other takes over, the killed one comes back
+    (a new disk, the same name) for the next round."""
+    cluster.node("a")
+    cluster.node("b")
+    acknowledged: dict[str, bytes] = {}
+    for round_number in range(ROUNDS):
+        writer = "ab"[round_number % 2]
+        files = write_files(cluster.mounts[writer], f"round{round_number}", 8, 2 * MiB)
+        acknowledged |= files
+        killed = cluster.kill(writer)
+        wait_in_origin(cluster.origin, files, killed + TTL + 30)
+        cluster.node(writer)
+    wait_in_origin(cluster.origin, acknowledged, time.monotonic() + 1)
+
+
+def test_cluster_writes_need_their_cluster(local_bucket, tmp_path):
+    result = run_avafs("mount", local_bucket.as_uri(), str(tmp_path / "mnt"), "--writeback",
+                       "cluster", "--cache-dir", str(tmp_path / "cache"))
+    assert result.returncode == 1
+    assert "--writeback cluster needs --cluster-cache" in result.stderr
+    result = run_avafs("mount", local_bucket.as_uri(), str(tmp_path / "mnt"), "--etcd",
+                       "http://127.0.0.1:2379", "--cache-dir", str(tmp_path / "cache"))
+    assert "--etcd and --node-name are for --writeback cluster" in result.stderr
+    result = run_avafs("mount", local_bucket.as_uri(), str(tmp_path / "mnt"), "--etcd",
+                       "127.0.0.1:2379", "--cache-dir", str(tmp_path / "cache"))
+    assert "expected http://HOST:PORT" in result.stderr
