@@ -77,6 +77,7 @@ class ClusterTier:
         self.metrics = metrics
         self.fill_memory = fill_memory
         self.fill_wait = fill_wait
+        bucket.prepare_clients(block_size)
         self._node = socket.gethostname().encode() or b"avafs"
         self._lock = threading.Lock()
         self._claimed: set[BlockId] = set()
