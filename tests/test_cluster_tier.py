@@ -236,6 +236,34 @@ def test_a_store_that_is_down_costs_no_read(nodes):
     assert node.count("cluster_fills_dropped") == 2 * BLOCKS
 
 
+def test_a_failed_fill_pauses_fills_not_reads(nodes, seaweed):
+    from fault_proxy import FaultProxy
+
+    held, fresh = os.urandom(BLOCKS * BLOCK), os.urandom(BLOCKS * BLOCK)
+    (nodes.origin / "held").write_bytes(held)
+    (nodes.origin / "fresh").write_bytes(fresh)
+    filler = nodes()
+    filler.stack.read(filler.ref("held"), 0, len(held))
+    filler.drain()
+    proxy = FaultProxy(int(seaweed.endpoint.rsplit(":", 1)[1]))
+    try:
+        node = nodes(endpoint=proxy.endpoint)
+        proxy.mode = "503"
+        node.cluster.fill(node.ref("fresh").block(0), fresh[:BLOCK])
+        node.drain()
+        proxy.mode = "pass"
+        assert node.count("cluster_errors", "put") == 1
+        assert node.cluster.reachable and not node.cluster.filling
+        assert node.stack.read(node.ref("held"), 0, len(held)) == held
+        assert node.origin_gets() == 0, "reads still go to the tier"
+        assert node.stack.read(node.ref("fresh"), 0, len(fresh)) == fresh
+        node.drain()
+        assert node.count("cluster_fills") == 0, "fills are paused"
+        assert filler.cluster.claim(filler.ref("fresh").block(1)), "and claims, so no marker"
+    finally:
+        proxy.close()
+
+
 def test_a_killed_volume_server_loses_no_block(nodes, seaweed):
     data = os.urandom(BLOCKS * BLOCK)
     (nodes.origin / "kept").write_bytes(data)

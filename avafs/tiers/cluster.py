@@ -22,7 +22,12 @@ nodes that claimed parts of one run never wait on each other.
 
 Failure. The tier is a cache: a request that fails (after one try, with `--cluster-timeout`)
 sends the block to the source and turns the tier off for PAUSE_AFTER_ERROR seconds, so a store
-that is down costs one timeout per pause, not one per block. A claim whose request failed may
+that is down costs one timeout per pause, not one per block. A failed write of a block (a
+background fill) pauses only fills and claims, not reads: a PUT can fail where GETs succeed
+(a fresh bucket's first writes may wait for the store to make room), and pausing reads for
+it would send to the source blocks the tier holds, which is what the tier is for. Claims
+pause with fills because a node that cannot fill must not claim: its markers would make other
+nodes wait for blocks it drops. A claim whose request failed may
 still have created its marker (a store that answered too late), and a marker due for deletion
 while the tier is off stays: both are left-overs, deleted by the fill threads once the tier is
 on again, so other nodes do not wait FILL_WAIT on a block this node will never fill. (A claim
@@ -77,6 +82,7 @@ class ClusterTier:
         self.metrics = metrics
         self.fill_memory = fill_memory
         self.fill_wait = fill_wait
+        bucket.prepare_clients(block_size)
         self._node = socket.gethostname().encode() or b"avafs"
         self._lock = threading.Lock()
         self._claimed: set[BlockId] = set()
@@ -85,6 +91,7 @@ class ClusterTier:
         self._queued_bytes = 0
         self._fills: queue.Queue[tuple[BlockId, bytes | None] | None] = queue.Queue()
         self._down_until = 0.0
+        self._fills_down_until = 0.0
         self.last_error: str | None = None
         metrics.cluster_fill_queue.set_function(lambda: self.queued_bytes)
         self._lookups = ThreadPoolExecutor(LOOKUP_THREADS, thread_name_prefix="avafs-cluster-get")
@@ -116,19 +123,31 @@ class ClusterTier:
 
     @property
     def reachable(self) -> bool:
+        """Whether the tier is read (and markers deleted)."""
         return time.monotonic() >= self._down_until
 
+    @property
+    def filling(self) -> bool:
+        """Whether blocks are written and claimed (see the module docstring)."""
+        return self.reachable and time.monotonic() >= self._fills_down_until
+
     def _failed(self, kind: str, error: StoreError) -> None:
-        """Count a failed request; one that may pass turns the tier off for a while."""
+        """Count a failed request; one that may pass turns the tier off for a while, or only
+        its fills when it was a block's write ("put")."""
         self.metrics.cluster_errors.labels(kind).inc()
         self.last_error = str(error)
-        if not error.permanent:
+        if error.permanent:
+            log.warning("cluster tier: %s", error)
+        elif kind == "put":
+            if self.filling:
+                log.warning("cluster tier: %s; not filling it for %.0f s", error,
+                            PAUSE_AFTER_ERROR)
+            self._fills_down_until = time.monotonic() + PAUSE_AFTER_ERROR
+        else:
             if self.reachable:
                 log.warning("cluster tier: %s; reading from the source for %.0f s", error,
                             PAUSE_AFTER_ERROR)
             self._down_until = time.monotonic() + PAUSE_AFTER_ERROR
-        else:
-            log.warning("cluster tier: %s", error)
 
     # --- reads -----------------------------------------------------------------------------
 
@@ -161,8 +180,9 @@ class ClusterTier:
 
     def claim(self, block: BlockId) -> bool:
         """Whether this node is to read the block from the source: it created the block's
-        marker, or the tier is off; False while another node is filling it (`wait_for`)."""
-        if not self.reachable:
+        marker, or the tier's fills are off; False while another node is filling it
+        (`wait_for`)."""
+        if not self.filling:
             return True
         try:
             won = self.bucket.create_if_absent(self.marker_key(block), self._node)
@@ -246,10 +266,10 @@ class ClusterTier:
 
     def fill(self, block: BlockId, data: bytes) -> None:
         """Write a block read from the source (a miss of this tier), in the background;
-        dropped (and counted) when the queue holds FILL_MEMORY bytes or the tier is off."""
+        dropped (and counted) when the queue holds FILL_MEMORY bytes or fills are off."""
         self.metrics.cluster_misses.inc()
         with self._lock:
-            admitted = self.reachable and self._queued_bytes + len(data) <= self.fill_memory
+            admitted = self.filling and self._queued_bytes + len(data) <= self.fill_memory
             if admitted:
                 self._queued_bytes += len(data)
         if admitted:
@@ -291,7 +311,7 @@ class ClusterTier:
             try:
                 if data is not None:
                     try:
-                        if self.reachable:
+                        if self.filling:
                             self.fill_now(block, data)
                         else:
                             self.metrics.cluster_fills_dropped.inc()

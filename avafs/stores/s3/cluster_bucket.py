@@ -19,7 +19,7 @@ import botocore.exceptions
 
 from ...errors import AvafsError
 from ..base import StoreLimits
-from .store import S3Store, _code
+from .store import S3Store, _code, _size_class
 
 ACCESS_KEY_VARIABLE = "AVAFS_CLUSTER_ACCESS_KEY_ID"
 SECRET_KEY_VARIABLE = "AVAFS_CLUSTER_SECRET_ACCESS_KEY"
@@ -61,6 +61,16 @@ class ClusterBucket(S3Store):
         retry of a cache request that failed."""
         super().__init__(bucket, prefix, endpoint_url, None, max_connections=32, limits=limits,
                          session=cluster_session(profile), attempts=1)
+
+    def prepare_clients(self, largest: int) -> None:
+        """Create now the client of every size class up to a `largest`-byte block: creating
+        one parses the S3 service model, which a node's first block of each size would
+        otherwise pay for inside its first epoch."""
+        size = 1
+        while size < largest:
+            self._sized(size)
+            size = _size_class(size) + 1
+        self._sized(largest)
 
     def get_object(self, key: str, size: int) -> tuple[bytes, dict[str, str]] | None:
         """The whole object `key` (expected to be `size` bytes) and its metadata; None if it
