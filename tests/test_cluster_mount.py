@@ -99,7 +99,10 @@ def test_nodes_reading_one_dataset_together_read_the_origin_about_once(cluster_m
     (local_bucket / "d").mkdir()
     for name, data in files.items():
         (local_bucket / name).write_bytes(data)
-    nodes = [cluster_mount(name) for name in ("x", "y", "z")]
+    # A timeout far above the default: on a loaded machine a fresh bucket's first writes can
+    # outlast one second, and a failed claim pauses claims (the sharing this test measures);
+    # the reads under a slow or hung cluster store are the next test's.
+    nodes = [cluster_mount(name, "--cluster-timeout", "5") for name in ("x", "y", "z")]
     problems: list[str] = []
 
     def read_everything(root: Path) -> None:
