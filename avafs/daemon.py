@@ -294,9 +294,8 @@ class Filesystem:
             self.cluster_member.stop()
         if self.uploader is not None:
             self.uploader.stop()
-        if self.writeback is not None and self.writeback.cluster is not None:
-            self.writeback.cluster.close()
         if self.writeback is not None:
+            self.writeback.close_cluster()
             self.writeback.close()
         self.stack.close()
 

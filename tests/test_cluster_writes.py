@@ -141,6 +141,62 @@ def test_a_lost_nodes_fsynced_files_reach_the_origin_through_exactly_one_other_n
     assert "cluster writes: node b" in text
 
 
+def staging_uploads(cluster: Cluster, node: str) -> dict[str, int]:
+    """The multipart uploads open under `node`'s staging prefix: parts present, by upload."""
+    client = cluster.seaweed.client()
+    uploads = client.list_multipart_uploads(Bucket=cluster.bucket,
+                                            Prefix=f"c/staging/{node}/").get("Uploads", [])
+    return {upload["UploadId"]: len(client.list_parts(
+        Bucket=cluster.bucket, Key=upload["Key"], UploadId=upload["UploadId"]).get("Parts", []))
+        for upload in uploads}
+
+
+def wait_for_parts(cluster: Cluster, node: str, parts: int) -> None:
+    deadline = time.monotonic() + 60
+    while list((present := staging_uploads(cluster, node)).values()) != [parts]:
+        assert time.monotonic() < deadline, f"staging parts never reached {parts}: {present}"
+        time.sleep(0.2)
+
+
+def test_a_file_written_front_to_back_is_staged_while_written(cluster):
+    """84 MiB written front to back: its ten full 8 MiB parts are in the cluster store before
+    fsync, which sends the 4 MiB tail and completes the upload; one rewritten below its parts
+    is staged whole. After a kill -9 both reach the origin byte-exact through node B."""
+    node_a = cluster.node("a")
+    cluster.node("b")
+    streamed, rewritten = os.urandom(84 * MiB), bytearray(os.urandom(72 * MiB))
+    (node_a / "ckpt").mkdir()
+    with open(node_a / "ckpt/streamed.pt", "wb") as file:
+        for offset in range(0, len(streamed), MiB):
+            file.write(streamed[offset:offset + MiB])
+        file.flush()
+        wait_for_parts(cluster, "a", 10)  # every full part, before the commit
+        os.fsync(file.fileno())
+        assert staging_uploads(cluster, "a") == {}  # the commit completed the upload
+    with open(node_a / "ckpt/rewritten.pt", "wb") as file:
+        for offset in range(0, len(rewritten), MiB):
+            file.write(rewritten[offset:offset + MiB])
+        file.flush()
+        wait_for_parts(cluster, "a", 9)
+        rewritten[MiB:MiB + 5] = b"again"
+        file.seek(MiB)
+        file.write(b"again")  # below the parts sent: the stream is cancelled and aborted
+        file.flush()
+        os.fsync(file.fileno())
+    deadline = time.monotonic() + 30
+    while staging_uploads(cluster, "a"):
+        assert time.monotonic() < deadline, "the cancelled staging upload was never aborted"
+        time.sleep(0.2)
+    status = cluster.status("a")
+    assert status["durable_in"] == "cluster" and status["unstaged"] == 0, status
+    staged = cluster.seaweed.client().list_objects_v2(Bucket=cluster.bucket,
+                                                      Prefix="c/staging/a/")["Contents"]
+    assert sorted(item["Size"] for item in staged) == [len(rewritten), len(streamed)]
+    killed = cluster.kill("a")
+    wait_in_origin(cluster.origin, {"ckpt/streamed.pt": streamed,
+                                    "ckpt/rewritten.pt": bytes(rewritten)}, killed + TTL + 60)
+
+
 def test_avafs_recover_uploads_a_lost_nodes_queue_by_hand(cluster):
     node_a = cluster.node("a")
     files = write_files(node_a, "run2", 10, 3 * MiB)

@@ -1,10 +1,13 @@
 """A node's queue of pending uploads kept outside the node (`--writeback cluster`).
 
 Mechanism. Committing a file (close(), fsync()) under `--writeback cluster` stages it: the
-whole data file is PUT to the cluster store as `staging/<node>/<id>` (the store replicates
-it), then its record, naming the origin (source URL and key), the staging object, size,
-mtime and attributes, is put in etcd under `/avafs/<cluster id>/queue/<node>/<id>`. Ids grow
-with time, so the queue's key order is the order files were committed. Only then is the
+data file goes to the cluster store as `staging/<node>/<token>` (the store replicates it),
+either in one PUT or, for a file written front to back, by completing the multipart upload
+that sent its parts while it was written (cluster_streams.py), then its record, naming the origin (source URL and key), the staging object, size,
+mtime and attributes, is put in etcd under `/avafs/<cluster id>/queue/<node>/<id>`. An id is
+`<commit time>-<token>`: ids grow with commit time, so the queue's key order is the order
+files were committed, while the token, which names the staging object, can be chosen before
+(when the file starts streaming). Only then is the
 state journaled locally and the close acknowledged.
 
 Invariants.
@@ -125,7 +128,11 @@ class ClusterQueue:
         return f"{self.root}queue/{node or self.node}/"
 
     def object_name(self, node: str, record_id: str) -> str:
-        return f"staging/{node}/{record_id}"
+        return f"staging/{node}/{record_id.rsplit('-', 1)[-1]}"
+
+    def new_staging_object(self) -> str:
+        """A fresh name for a staging object of this node, for `stage(streamed=...)`."""
+        return f"staging/{self.node}/{uuid.uuid4().hex}"
 
     # --- staging -------------------------------------------------------------------------------
 
@@ -136,15 +143,19 @@ class ClusterQueue:
         return not paused and self.fence() is not None
 
     def stage(self, source_url: str, key: str, path: Path, size: int, mtime: float,
-              attrs: Attrs | None) -> str:
-        """Put the file at `path` and its record in the cluster; its record id. Raises
-        StagingFailed (and pauses staging) when the store or etcd does not take it."""
-        record = Record(f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}", source_url, key, size,
+              attrs: Attrs | None, streamed: str | None = None) -> str:
+        """Put the file at `path` and its record in the cluster; its record id. `streamed`
+        names a staging object that holds the file already (`new_staging_object`, completed
+        by its stream), so only the record is put. Raises StagingFailed (and pauses staging)
+        when the store or etcd does not take it."""
+        token = (streamed or self.new_staging_object()).rsplit("/", 1)[-1]
+        record = Record(f"{time.time_ns():020d}-{token}", source_url, key, size,
                         mtime, None if attrs is None else (attrs.mode, attrs.uid, attrs.gid))
         name = self.object_name(self.node, record.id)
         try:
-            with open(path, "rb") as file:
-                self.bucket.put(name, _Exactly(file, size), size)
+            if streamed is None:
+                with open(path, "rb") as file:
+                    self.bucket.put(name, _Exactly(file, size), size)
             try:
                 fence = self.fence()
                 if fence is None or not self.etcd.put_if(self.queue_prefix() + record.id,
@@ -215,10 +226,10 @@ class ClusterQueue:
     def sweep(self, node: str) -> int:
         """Delete `node`'s staging objects that no record names (a crash between a record's
         and its object's deletion, or a stage whose record failed); how many."""
-        named = {record.id for record in self.records(node)}
+        named = {self.object_name(node, record.id) for record in self.records(node)}
         swept = 0
         for key in self.bucket.keys_under(f"staging/{node}/"):
-            if key.rsplit("/", 1)[-1] not in named:
+            if key not in named:
                 self.bucket.delete(key)
                 swept += 1
         return swept

@@ -11,7 +11,8 @@ holds it, so a file deleted while open keeps its bytes, and counts, until its la
 Durability: `commit()` (FUSE flush and fsync, i.e. close() and fsync()) fsyncs the data file and
 journals the pending state before it returns. Nothing leaves the journal until the store
 acknowledged it, whatever fails meanwhile. Under `--writeback cluster` it first stages the file
-in the cluster (cluster_queue.py), holding no lock; a state that could not be staged stays
+in the cluster (cluster_queue.py), holding no lock, completing the staging upload a file
+written front to back streamed while it was written (cluster_streams.py); a state that could not be staged stays
 node-durable and `restage` stages it again later.
 
 Failures: an upload that may succeed later is retried with backoff; one the store refuses for
@@ -42,6 +43,7 @@ from ..objects import ObjectRef, allocated, parent_prefix
 from ..stores.base import ObjectInfo
 from ..stores.metadata import Attrs
 from .cluster_queue import ClusterQueue, StagingFailed
+from .cluster_streams import ClusterStreams
 from .journal import Journal
 from .pending import COPY, DATA, DELETED, Pending
 from .streaming import StreamUploads
@@ -93,6 +95,9 @@ class WriteBack:
         """Uploads of files while they are written, where the stores take parts."""
         self.cluster: ClusterQueue | None = None
         """Under --writeback cluster, where committed files are staged (`enable_cluster`)."""
+        self.cluster_streams: ClusterStreams | None = None
+        """Under --writeback cluster, uploads of files to their staging objects while they
+        are written."""
         self.source_urls: dict[str, str] = {}
         self.may_upload: Callable[[], bool] = lambda: True
         """Whether the uploaders may start an upload now. Under --writeback cluster only while
@@ -251,6 +256,14 @@ class WriteBack:
         entry.appended_to = None
         if entry.stream is not None and self.streams is not None:
             self.streams.cancel(entry)
+        if entry.cluster_stream is not None and self.cluster_streams is not None:
+            self.cluster_streams.cancel(entry)
+
+    @staticmethod
+    def _streamed(entry: Pending) -> int:
+        """Bytes handed to the entry's streams: a write below this cancels them."""
+        return max((stream.sent for stream in (entry.stream, entry.cluster_stream)
+                    if stream is not None), default=0)
 
     def _touch(self, entry: Pending) -> None:
         """A change restarts the entry's write-back delay: it moves to the back of the order."""
@@ -351,7 +364,7 @@ class WriteBack:
         """Account a write of bytes `start` to `end` (called before the data is written, so an
         upload in flight can tell its snapshot is stale)."""
         with self.lock:
-            if entry.stream is not None and start < entry.stream.sent:
+            if start < self._streamed(entry):
                 self._stop_streaming(entry)
             entry.generation += 1
             entry.durable = False
@@ -376,10 +389,12 @@ class WriteBack:
             entry.appended_to = max(entry.appended_to, end)
             if self.streams is not None:
                 self.streams.grew(entry)
+            if self.cluster_streams is not None:
+                self.cluster_streams.grew(entry)
 
     def truncated(self, entry: Pending, size: int) -> None:
         with self.lock:
-            if entry.stream is not None and size < entry.stream.sent:
+            if size < self._streamed(entry):
                 self._stop_streaming(entry)
             elif entry.appended_to is not None:
                 entry.appended_to = min(entry.appended_to, size)
@@ -480,6 +495,14 @@ class WriteBack:
         """Stage committed files in the cluster (`source_urls`: each source's URL, which
         the records name so any node can upload them)."""
         self.cluster, self.source_urls = queue, source_urls
+        self.cluster_streams = ClusterStreams(self.data_dir, queue, self.lock, self.journal)
+
+    def close_cluster(self) -> None:
+        """Abort the staging uploads of files still open, then let the queue's work end."""
+        if self.cluster_streams is not None:
+            self.cluster_streams.stop()
+        if self.cluster is not None:
+            self.cluster.close()
 
     def _stage(self, entry: Pending) -> tuple[str, str, int] | None:
         """Stage the entry's data as it is now, holding no lock (its file is held meanwhile);
@@ -492,8 +515,10 @@ class WriteBack:
             name, key, generation = entry.file, entry.key, entry.generation
             size, mtime, attrs = entry.size, entry.mtime, entry.attrs
         try:
+            streamed = None if self.cluster_streams is None else \
+                self.cluster_streams.complete(entry, generation)
             record = self.cluster.stage(self.source_urls[entry.source], key,
-                                        self.data_dir / name, size, mtime, attrs)
+                                        self.data_dir / name, size, mtime, attrs, streamed)
         except StagingFailed:
             return None
         finally:

@@ -76,6 +76,9 @@ class Pending:
     the end of the previous ones); None once one skipped ahead or a stream was cancelled."""
     stream: Stream | None = None
     """The upload of this file in progress while it is written (see streaming.py)."""
+    cluster_stream: Stream | None = None
+    """Under --writeback cluster, the upload of this file to its staging object in the
+    cluster store while it is written (cluster_streams.py); the stage completes it."""
     stored_generation: int | None = None
     """The generation the store has while the file is still open (--writeback sync uploads at
     every fsync): the entry stays the key's state, as its writer may go on, and settles at its

@@ -50,8 +50,14 @@ class StreamCancelled(Exception):
 
 
 class StreamUploads:
-    """The streams of one mount's written files; `lock` is the write-back's lock, which
-    guards every entry's `stream` and `appended_to`."""
+    """The streams of one mount's written files to their origin; `lock` is the write-back's
+    lock, which guards every entry's streams and `appended_to`.
+
+    The target of a stream (which store, under which key, in which of the entry's slots) is
+    `_target`, `_stream_of` and `_set_stream`: ClusterStreams (cluster_streams.py) sends the
+    same parts to the cluster store's staging object with this machinery. `stores` are the
+    stores this instance's journaled uploads may name, by the source the journal gives them;
+    each instance aborts only the leftovers of its own stores."""
 
     def __init__(self, data_dir: Path, stores: dict[str, ObjectStore], lock: threading.RLock,
                  journal: Journal) -> None:
@@ -78,14 +84,27 @@ class StreamUploads:
             return
         self._journal.upload_ended(source, key, upload_id)
 
+    def _target(self, entry: Pending) -> tuple[str, str, MultipartUploads] | None:
+        """(journal source, key, uploads) a new stream of `entry` goes to; None where it
+        cannot stream (called with the lock held)."""
+        uploads = self._stores[entry.source].multipart()
+        return None if uploads is None else (entry.source, entry.key, uploads)
+
+    def _stream_of(self, entry: Pending) -> Stream | None:
+        return entry.stream
+
+    def _set_stream(self, entry: Pending, stream: Stream | None) -> None:
+        entry.stream = stream
+
     def grew(self, entry: Pending) -> None:
         """Hand the parts the writer has gone past to the pool (called with the lock held,
         after each write of a file written front to back)."""
-        stream = entry.stream
+        stream = self._stream_of(entry)
         if stream is None:
-            uploads = self._stores[entry.source].multipart()
-            if uploads is None or entry.kind != DATA or not entry.file or \
-                    entry.appended_to < STREAM_FROM:
+            if entry.kind != DATA or not entry.file or entry.appended_to < STREAM_FROM:
+                return
+            target = self._target(entry)
+            if target is None:
                 return
             try:
                 fd = os.open(self._data_dir / entry.file, os.O_RDONLY)
@@ -93,9 +112,10 @@ class StreamUploads:
                 log.warning("cannot stream %s while it is written: %s", entry.key, error)
                 entry.appended_to = None
                 return
-            stream = Stream(uploads, entry.source, entry.key, fd,
-                            self._pool.submit(self._start, uploads, entry.source, entry.key))
-            entry.stream = stream
+            source, key, uploads = target
+            stream = Stream(uploads, source, key, fd,
+                            self._pool.submit(self._start, uploads, source, key))
+            self._set_stream(entry, stream)
             self._active.add(stream)
         self._send(stream, entry.appended_to, last=False)
 
@@ -149,7 +169,8 @@ class StreamUploads:
         """Stop streaming `entry` for good (called with the lock held): its file is no longer
         written front to back, or it is gone. Its upload is aborted in the background."""
         entry.appended_to = None
-        stream, entry.stream = entry.stream, None
+        stream = self._stream_of(entry)
+        self._set_stream(entry, None)
         if stream is not None:
             self._drop(stream)
 
@@ -191,7 +212,7 @@ class StreamUploads:
         stream that can complete, so the caller uploads the file whole. Raises StoreError if
         the store failed the upload."""
         with self._lock:
-            stream = entry.stream
+            stream = self._stream_of(entry)
             if stream is None:
                 return None
             size = entry.size
@@ -213,7 +234,7 @@ class StreamUploads:
             if stream.cancelled or entry.generation != generation:
                 self._give_up(entry, stream)
                 return None
-            entry.stream = None
+            self._set_stream(entry, None)
         try:
             info = stream.uploads.complete_upload(stream.key, upload_id, parts, size)
         except Exception:
@@ -225,7 +246,7 @@ class StreamUploads:
     def _give_up(self, entry: Pending, stream: Stream) -> None:
         """The stream will not complete: abort it; the file goes up whole instead."""
         with self._lock:
-            if entry.stream is stream:
+            if self._stream_of(entry) is stream:
                 self.cancel(entry)
             else:
                 self._drop(stream)
