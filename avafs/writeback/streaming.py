@@ -107,17 +107,23 @@ class StreamUploads:
             if target is None:
                 return
             try:
-                fd = os.open(self._data_dir / entry.file, os.O_RDONLY)
+                stream = self._open_stream(entry, target)
             except OSError as error:  # the write itself succeeded: upload the file whole later
                 log.warning("cannot stream %s while it is written: %s", entry.key, error)
                 entry.appended_to = None
                 return
-            source, key, uploads = target
-            stream = Stream(uploads, source, key, fd,
-                            self._pool.submit(self._start, uploads, source, key))
-            self._set_stream(entry, stream)
-            self._active.add(stream)
         self._send(stream, entry.appended_to, last=False)
+
+    def _open_stream(self, entry: Pending, target: tuple[str, str, MultipartUploads]) -> Stream:
+        """A new stream of `entry`'s data file to `target`, its upload starting in the pool
+        (called with the lock held). Raises OSError if the data file cannot be opened."""
+        fd = os.open(self._data_dir / entry.file, os.O_RDONLY)
+        source, key, uploads = target
+        stream = Stream(uploads, source, key, fd,
+                        self._pool.submit(self._start, uploads, source, key))
+        self._set_stream(entry, stream)
+        self._active.add(stream)
+        return stream
 
     def upload_in_parts(self, entry: Pending, generation: int) -> ObjectInfo | None:
         """Upload a committed file that has no stream, part by part with its upload
@@ -125,16 +131,14 @@ class StreamUploads:
         has none, so the caller puts it whole. A write while the parts go up ends the stream
         as it would any other (`finish` then says None). Raises StoreError as `finish`."""
         with self._lock:
-            uploads = self._stores[entry.source].multipart()
-            if uploads is None or entry.stream is not None or entry.kind != DATA or \
-                    not entry.file or entry.size < STREAM_FROM:
+            if self._stream_of(entry) is not None or entry.kind != DATA or not entry.file or \
+                    entry.size < STREAM_FROM:
                 return None
-            fd = os.open(self._data_dir / entry.file, os.O_RDONLY)
+            target = self._target(entry)
+            if target is None:
+                return None
+            self._open_stream(entry, target)
             entry.appended_to = None  # a later write ends this stream, it never extends it
-            entry.stream = Stream(uploads, entry.source, entry.key, fd,
-                                  self._pool.submit(self._start, uploads, entry.source,
-                                                    entry.key))
-            self._active.add(entry.stream)
         return self.finish(entry, generation)
 
     def _start(self, uploads: MultipartUploads, source: str, key: str) -> str:
