@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from etcd_server import EtcdServer
 from fault_proxy import FaultProxy
+from local_writeback import LocalWriteSide
 from seaweed import SeaweedCluster
 from support import AVAFS, TEST_CREDENTIALS, S3Server, unmount
 
@@ -129,3 +130,12 @@ def local_bucket(tmp_path) -> Path:
 def _fuse_available() -> None:
     if not Path("/dev/fuse").exists() or shutil.which("fusermount3") is None:
         pytest.exit("avafs tests need /dev/fuse and fusermount3 (apt-get install fuse3)", 2)
+
+
+@pytest.fixture
+def side(tmp_path) -> Iterator[LocalWriteSide]:
+    """A namespace over a write-back over a local bucket, driven as fuse_ops drives them, with
+    no mount (tests/local_writeback.py)."""
+    made = LocalWriteSide(tmp_path)
+    yield made
+    made.close()

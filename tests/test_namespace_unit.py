@@ -8,7 +8,6 @@ import errno
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,13 +19,6 @@ from avafs.namespace import Refused
 from avafs.stores.base import Listing
 from avafs.stores.local import LocalStore
 from avafs.writeback.pending import COPY, DATA, DELETED
-
-
-@pytest.fixture
-def side(tmp_path) -> Iterator[LocalWriteSide]:
-    made = LocalWriteSide(tmp_path)
-    yield made
-    made.close()
 
 
 def test_lookups_come_from_the_cached_listing_negative_ones_too(side):

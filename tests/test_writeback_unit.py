@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -32,13 +31,6 @@ class PolicyStore(LocalStore):
         if key.startswith(self.refused_prefix):
             raise StoreError(f"access denied to {key}", permanent=True)
         return super().put(key, body, size, mtime, attrs)
-
-
-@pytest.fixture
-def side(tmp_path) -> Iterator[LocalWriteSide]:
-    made = LocalWriteSide(tmp_path)
-    yield made
-    made.close()
 
 
 def test_a_committed_write_is_pending_and_dirty_until_flushed(side):

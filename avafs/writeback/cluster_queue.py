@@ -39,7 +39,6 @@ write-back manager calls `drop` with `WriteBack.lock` held (it only queues).
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import threading
@@ -54,6 +53,7 @@ from urllib.parse import quote
 
 from ..stores.metadata import Attrs
 from .coordination import Etcd, EtcdUnavailable
+from .file_views import FileView
 
 if TYPE_CHECKING:  # boto3 is optional: only a cluster mount needs it
     from ..stores.s3.cluster_bucket import ClusterBucket
@@ -238,27 +238,14 @@ class ClusterQueue:
         self._drops.shutdown(wait=True)
 
 
-class _Exactly(io.RawIOBase):
+class _Exactly(FileView):
     """The first `size` bytes of `file`: the length the stage recorded, though a writer may be
     appending meanwhile (the record and the object must agree)."""
 
     def __init__(self, file: BinaryIO, size: int) -> None:
-        super().__init__()
-        self._file = file
+        super().__init__(file)
         self._size = size
 
     def read(self, size: int = -1) -> bytes:
         left = max(0, self._size - self._file.tell())
         return self._file.read(left if size is None or size < 0 else min(size, left))
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self._file.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self._file.tell()

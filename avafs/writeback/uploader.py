@@ -20,6 +20,7 @@ from typing import BinaryIO
 
 from ..stores.base import ObjectStore
 from ..stores.metadata import Attrs
+from .file_views import FileView
 from .manager import WriteBack
 from .pending import COPY, DATA, DELETED, Pending
 from .streaming import StreamUploads
@@ -31,14 +32,11 @@ class ChangedDuringUpload(Exception):
     """The file was written while being uploaded; this snapshot must not reach the store."""
 
 
-class GuardedReader(io.RawIOBase):
-    """File reads for an upload, valid only while the entry's generation stays the same.
-
-    Closing it leaves the underlying file to its owner."""
+class GuardedReader(FileView):
+    """File reads for an upload, valid only while the entry's generation stays the same."""
 
     def __init__(self, file: BinaryIO, entry: Pending, generation: int) -> None:
-        super().__init__()
-        self._file = file
+        super().__init__(file)
         self._entry = entry
         self._generation = generation
 
@@ -47,18 +45,6 @@ class GuardedReader(io.RawIOBase):
         if self._entry.generation != self._generation or self._entry.cancelled:
             raise ChangedDuringUpload(self._entry.key)
         return data
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self._file.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self._file.tell()
 
 
 class Uploader:
