@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import trio
 
+from avafs.errors import ObjectChangedError
 from avafs.metrics import Metrics
 from avafs.objects import BlockId, ObjectRef
 from avafs.stores.instrumented import InstrumentedStore
@@ -240,6 +241,69 @@ def test_a_cold_small_object_is_fetched_in_a_thread_and_then_served_on_the_loop(
     assert _read_on_loop(stack, small, 5, 20) == data[5:25]
     assert stack.is_cached(small, 0, "ram")
     assert _read_inline(stack, small, 0, 10) == data[:10], "cached: served on the loop"
+
+
+class _FailingGatedStore(_GatedStore):
+    """A gated store whose fetches fail with `failure` once the gate opens, if it is set."""
+
+    failure: Exception | None = None
+
+    def get_range(self, key: str, start: int, length: int, etag: str) -> bytes:
+        data = super().get_range(key, start, length, etag)
+        if self.failure is not None:
+            raise self.failure
+        return data
+
+
+async def _loop_and_thread_reads(stack: TierStack, small: ObjectRef) -> dict[str, object]:
+    """A read on the loop starts the fetch; a reader in a thread then asks for the same
+    block while it is in flight. What each got, value or exception."""
+    store = small.store
+    store.gate.clear()
+    results: dict[str, object] = {}
+
+    async def read(name: str, call) -> None:
+        try:
+            results[name] = await call()
+        except Exception as error:  # noqa: BLE001 - the test compares what each got
+            results[name] = error
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read, "loop", lambda: stack.read_async(
+            small, 0, 100, stack.new_read_ahead(), trio.CapacityLimiter(1)))
+        while not store.fetching_threads:
+            await trio.sleep(0.01)
+        nursery.start_soon(read, "thread",
+                           lambda: trio.to_thread.run_sync(stack.read, small, 200, 300))
+        await trio.sleep(0.1)
+        store.gate.set()
+    return results
+
+
+def test_a_cold_small_read_from_the_loop_is_shared_with_a_reader_in_a_thread(tmp_path, stack):
+    small, data = _small_object(tmp_path, _FailingGatedStore)
+
+    results = trio.run(_loop_and_thread_reads, stack, small)
+
+    assert results == {"loop": data[:100], "thread": data[200:500]}
+    assert len(small.store.fetching_threads) == 1
+    assert stack.is_cached(small, 0, "ram") and small.block(0) in stack.disk
+
+
+def test_a_failed_small_fetch_fails_every_waiting_reader_and_leaves_nothing_behind(tmp_path,
+                                                                                  stack):
+    small, data = _small_object(tmp_path, _FailingGatedStore)
+    small.store.failure = ObjectChangedError("changed while being read")
+
+    results = trio.run(_loop_and_thread_reads, stack, small)
+
+    assert isinstance(results["loop"], ObjectChangedError)
+    assert isinstance(results["thread"], ObjectChangedError)
+    assert not stack.is_cached(small, 0, "disk")
+    small.store.failure = None
+    small.store.fetching_threads.clear()
+    assert trio.run(_loop_and_thread_reads, stack, small)["loop"] == data[:100], \
+        "the block is no longer marked loading and its fetch slot is free again"
 
 
 def test_objects_of_more_than_one_small_block_are_read_in_a_thread(tmp_path, stack):

@@ -1,15 +1,18 @@
 """TierStack: RAM tier -> disk tier -> store, for reads of byte ranges of object versions.
 
 Readers on the FUSE loop come in through `read_async`, which picks the cheapest way to answer
-(inline from RAM or, for a small object, the disk tier; else a worker thread) and drives the open file's read-ahead (`readahead.py`). Readers already
-in a thread call `read`, or `read_whole` for a batch of whole objects.
+(inline from RAM or, for a small object, the disk tier; a small object's one GET in a worker
+thread, cached from the loop; else `read` in a worker thread) and drives the open file's
+read-ahead (`readahead.py`). Readers already in a thread call `read`, or `read_whole` for a
+batch of whole objects.
 
 Every block being loaded has one future in `_loading`, whether a reader, a warmup or a
 read-ahead stream started it, so concurrent readers of a block share one GET, and the global
 in-flight budget (`--inflight-memory`) bounds every fetch, read-ahead included, whatever the
 number of readers. The disk write of a fetched block happens after waiting readers
 have their data, so it never adds to their latency; only a read of a single missing block,
-which loads it in the reader's own thread, waits for that write too (see `read`). A stream hands its blocks' disk writes to writer threads and goes
+which loads it in the reader's own thread or on the FUSE loop, waits for that write too (see
+`read` and `_fetch_small`). A stream hands its blocks' disk writes to writer threads and goes
 on reading its response (see `_write_behind`).
 
 With a cluster tier (`--cluster-cache`, tiers/cluster.py) a block no local tier holds is
@@ -115,13 +118,17 @@ class TierStack:
 
         1. an object of one small block (INLINE_DISK_READ) in RAM or the disk tier: read
            here, on the loop;
-        2. a larger object first takes its reader's read-ahead into account, which may start
+        2. such an object in neither tier: its one GET in a worker thread, the rest on the
+           loop (`_fetch_small`);
+        3. a larger object first takes its reader's read-ahead into account, which may start
            a stream (never blocks); then every block in RAM: sliced here, on the loop;
-        3. anything else, a store's GET included: `read` in a worker thread, bounded by the
-           caller's `limiter` (its budget of threads for every request that may block).
+        4. anything else: `read` in a worker thread, bounded by the caller's `limiter`
+           (its budget of threads for every request that may block).
 
-        A thread hop costs more than an answer already in memory, so 1 and 2 take none."""
+        A thread hop costs more than an answer already in memory, so 1 and 3 take none."""
         data = self._read_small(ref, offset, size)
+        if data is None and self._is_small(ref):
+            data = await self._fetch_small(ref, offset, size)
         if data is not None:
             return data
         if ref.size > self.block_size:  # a one-block object is loaded by `read`
@@ -187,6 +194,40 @@ class TierStack:
         self.metrics.tier_hits["disk"].inc()
         self.metrics.served_from["disk"].inc(len(data))
         self._admit_to_ram(block, data)
+        return self._slice([data], offset, size, ref)
+
+    async def _fetch_small(self, ref: ObjectRef, offset: int, size: int) -> bytes | None:
+        """The bytes of a one-block object that neither tier holds (`_read_small` said None):
+        only the GET goes to a worker thread, and the block is cached from the caller's trio
+        loop, which costs less than the whole of `read` in a thread (BENCHMARKS.md, "The
+        layout step"). None when the block got cached or began loading meanwhile, or no fetch
+        slot is free: then `read`, in a thread, waits for it. The block stays small
+        (INLINE_DISK_READ) because its disk write happens on the loop. With a cluster tier,
+        whose requests block, None: `read` looks there first, in a thread."""
+        if not self._is_small(ref) or self.cluster is not None:
+            return None
+        block = ref.block(0)
+        if not self._slots.acquire(blocking=False):
+            return None
+        with self._lock:
+            if self._present(block):
+                self._slots.release()
+                return None
+            future: Future[bytes] = Future()
+            self._loading[block] = future
+        try:
+            data = await trio.to_thread.run_sync(ref.store.get_range, ref.key, 0, ref.size,
+                                                 ref.etag)
+            self._fetched(block, future, data)
+        except BaseException as error:
+            # Readers waiting in threads get a plain error, never trio's own Cancelled.
+            if not future.done():
+                future.set_exception(error if isinstance(error, Exception) else
+                                     StoreError(f"reading {ref.key} was interrupted"))
+            self._done_loading(block)
+            raise
+        finally:
+            self._slots.release()
         return self._slice([data], offset, size, ref)
 
     def checked_files(self, refs: list[ObjectRef]) -> list[str | None]:
