@@ -306,8 +306,19 @@ def test_a_failed_small_fetch_fails_every_waiting_reader_and_leaves_nothing_behi
         "the block is no longer marked loading and its fetch slot is free again"
 
 
-def test_objects_of_more_than_one_small_block_are_read_in_a_thread(tmp_path, stack):
-    large, data = _small_object(tmp_path, LocalStore, size=BLOCK + 1)
+class _StreamRecordingStore(_GatedStore):
+    """A gated store that records the threads of streamed reads too."""
+
+    def open_range(self, key: str, start: int, length: int, etag: str):
+        self.fetching_threads.append(threading.get_ident())
+        return super().open_range(key, start, length, etag)
+
+
+def test_objects_of_more_than_one_small_block_are_fetched_off_the_loop(tmp_path, stack):
+    large, data = _small_object(tmp_path, _StreamRecordingStore, size=BLOCK + 1)
+    large.store.gate.set()
 
     assert _read_on_loop(stack, large, 0, 10) == data[:10]
     assert _read_on_loop(stack, large, BLOCK - 5, 6) == data[BLOCK - 5:]
+    assert large.store.fetching_threads
+    assert threading.get_ident() not in large.store.fetching_threads, "fetched on the loop"
