@@ -220,7 +220,7 @@ def _recover(args: argparse.Namespace) -> int:
         return origins[url]
 
     def report(progress: Takeover) -> None:
-        print(f"recovering node {args.node}: {progress.uploaded} files uploaded"
+        print(f"recovering node {args.node}: {progress.files} changes applied"
               + (f" (retrying: {progress.error})" if progress.error else ""), file=sys.stderr)
 
     try:
@@ -230,7 +230,8 @@ def _recover(args: argparse.Namespace) -> int:
     finally:
         queue.close()
         etcd.close()
-    print(f"node {args.node}: queue empty, {progress.uploaded} files uploaded to the origin")
+    print(f"node {args.node}: queue empty, {progress.files} changes applied to the origin "
+          f"({progress.bytes} bytes uploaded)")
     return 0
 
 

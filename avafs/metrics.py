@@ -101,9 +101,16 @@ class Metrics:
                                        "answering, or files waiting to be staged)", registry=r)
         self.cluster_takeovers = Counter("avafs_cluster_takeovers", "Queues of lost nodes this "
                                          "daemon took over", registry=r)
-        self.cluster_takeover_uploads = Counter("avafs_cluster_takeover_uploads", "Files of "
-                                                "lost nodes' queues this daemon uploaded to the "
-                                                "origin", registry=r)
+        self.cluster_takeover_uploads = Counter("avafs_cluster_takeover_uploads", "Changes "
+                                                "(files, deletions, copies) of lost nodes' "
+                                                "queues this daemon applied to the origin",
+                                                registry=r)
+        self.cluster_takeover_bytes = Counter("avafs_cluster_takeover_bytes", "Bytes of lost "
+                                              "nodes' queues this daemon uploaded to the origin",
+                                              registry=r)
+        self.cluster_takeovers_ended = Counter("avafs_cluster_takeovers_ended", "Take-overs "
+                                               "that ended: drained, or stopped (this daemon "
+                                               "lost its lease)", ["outcome"], registry=r)
         # Children looked up once: labels() costs microseconds, and reads count every block.
         self.tier_hits = {tier: self.hits.labels(tier) for tier in (*TIERS, "cluster")}
         self.served_from = {source: self.bytes_served.labels(source)

@@ -136,7 +136,8 @@ def test_a_lost_nodes_fsynced_files_reach_the_origin_through_exactly_one_other_n
         assert time.monotonic() < deadline
         time.sleep(0.2)
         takeovers = [t for name in ("b", "c") for t in cluster.status(name)["takeovers"]]
-    assert takeovers[0]["uploaded"] == len(files)
+    assert takeovers[0]["files"] == len(files) + 1  # and their directory
+    assert takeovers[0]["outcome"] == "drained"
     text = run_avafs("status", str(cluster.mounts["b"])).stdout
     assert "cluster writes: node b" in text
 
@@ -206,7 +207,7 @@ def test_avafs_recover_uploads_a_lost_nodes_queue_by_hand(cluster):
     time.sleep(TTL + 1)
     result = run_avafs("recover", "--node", "a", *cluster.options)
     assert result.returncode == 0, result.stderr
-    assert f"{len(files)} files uploaded" in result.stdout
+    assert f"{len(files) + 1} changes applied" in result.stdout  # and their directory
     wait_in_origin(cluster.origin, files, time.monotonic() + 1)
 
 
@@ -282,6 +283,87 @@ def test_nodes_killed_in_turn_lose_no_acknowledged_byte(cluster):
         wait_in_origin(cluster.origin, files, killed + TTL + 30)
         cluster.node(writer)
     wait_in_origin(cluster.origin, acknowledged, time.monotonic() + 1)
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under `root`, by relative path."""
+    return {str(path.relative_to(root)): path.read_bytes()
+            for path in root.rglob("*") if path.is_file()}
+
+
+def wait_for_tree(origin: Path, expected: dict[str, bytes], deadline: float) -> None:
+    while (found := tree(origin)) != expected:
+        assert time.monotonic() < deadline, \
+            f"origin differs: extra {sorted(found.keys() - expected.keys())}, missing " \
+            f"{sorted(expected.keys() - found.keys())}, changed " \
+            f"{sorted(k for k in found.keys() & expected.keys() if found[k] != expected[k])}"
+        time.sleep(0.25)
+
+
+def wait_for_takeovers(cluster: Cluster, name: str, count: int) -> list[dict]:
+    deadline = time.monotonic() + 30
+    while len(done := [t for t in cluster.status(name)["takeovers"] if t["finished"]]) < count:
+        assert time.monotonic() < deadline, cluster.status(name)["takeovers"]
+        time.sleep(0.2)
+    return done
+
+
+def test_a_lost_nodes_deletes_and_renames_are_replayed_in_order(cluster):
+    """Node A writes, renames and deletes files (and renames and deletes files the origin
+    had) and dies before any of it is uploaded: node B's take-over leaves the origin exactly
+    as A's namespace was. A comes back, is lost again, and B's status lists both take-overs
+    (the metrics count them)."""
+    from support import free_port
+
+    origin = cluster.origin
+    (origin / "old").mkdir()
+    for name in ("kept", "moved", "gone", "replaced"):
+        (origin / "old" / name).write_bytes(name.encode() * 1000)
+    node_a = cluster.node("a")
+    port = free_port()
+    cluster.mount(origin.as_uri(), "--writeback", "cluster", *cluster.options, "--node-name",
+                  "b", "--writeback-delay", "3600", "--block-size", "1MiB",
+                  "--metrics-addr", f"127.0.0.1:{port}", mountpoint=cluster.tmp_path / "mnt-b",
+                  cache_dir=cluster.cache_dir("b"))
+    cluster.mounts["b"] = cluster.tmp_path / "mnt-b"
+    write_files(node_a, "new", 4, 3 * MiB)
+    os.rename(node_a / "new/checkpoint.pt", node_a / "new/final.pt")   # staged, then renamed
+    os.rename(node_a / "new/f000.bin", node_a / "new/tmp.bin")
+    os.unlink(node_a / "new/tmp.bin")                                 # written, renamed, deleted
+    os.rename(node_a / "new/f001.bin", node_a / "new/f002.bin")       # onto a staged file
+    os.rename(node_a / "old/moved", node_a / "old/moved-here")        # a file the origin has
+    os.unlink(node_a / "old/gone")
+    write_synced(node_a / "old/replaced", b"new content")
+    os.chmod(node_a / "new/f003.bin", 0o600)
+    (node_a / "made").mkdir()
+    write_synced(node_a / "made/x", b"x" * 5000)
+    os.rename(node_a / "made", node_a / "made-renamed")
+    expected = tree(node_a)
+    assert "new/final.pt" in expected and "old/gone" not in expected
+    status = cluster.status("a")
+    assert status["durable_in"] == "cluster" and status["unstaged"] == 0, status
+    assert tree(origin) != expected  # nothing uploaded yet
+
+    killed = cluster.kill("a")
+    wait_for_tree(origin, expected, killed + TTL + 30)
+    assert (origin / "new/f003.bin").stat().st_mode & 0o777 == 0o600
+    first = wait_for_takeovers(cluster, "b", 1)
+    assert first[0]["node"] == "a" and first[0]["outcome"] == "drained"
+    assert first[0]["bytes"] >= 3 * MiB
+
+    node_a = cluster.node("a")
+    again = write_files(node_a, "second", 3)  # and its directory: four changes
+    killed = cluster.kill("a")
+    wait_in_origin(origin, again, killed + TTL + 30)
+    events = wait_for_takeovers(cluster, "b", 2)
+    assert [event["node"] for event in events] == ["a", "a"]
+    assert events[1]["files"] == len(again) + 1 and events[1]["started"] > events[0]["finished"]
+    import urllib.request
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    counted = [line for line in text.splitlines()
+               if line.startswith("avafs_cluster_takeovers_ended_total{") and 'drained' in line]
+    assert counted and float(counted[0].rsplit(" ", 1)[1]) == 2, counted
+    assert "took over node a (drained)" in run_avafs("status", str(cluster.mounts["b"])).stdout
 
 
 def test_cluster_writes_need_their_cluster(local_bucket, tmp_path):

@@ -61,9 +61,9 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append(f"  cluster writes: node {writes['node']} of {writes['cluster']}, "
                      f"writes durable {durable}")
         for takeover in writes["takeovers"]:
-            state = "done" if takeover["finished"] else "running"
-            lines.append(f"  took over node {takeover['node']} ({state}): "
-                         f"{takeover['uploaded']} files uploaded")
+            lines.append(f"  took over node {takeover['node']} ({takeover['outcome']}): "
+                         f"{takeover['files']} changes applied, "
+                         f"{format_size(takeover['bytes'])} uploaded")
     for refused in dirty["set_aside"]:
         lines.append(f"  set aside (the store refuses it; kept locally): "
                      f"{_path(status, refused)}: {refused['error']}")

@@ -21,10 +21,14 @@ Invariants.
 - A record outlives the origin's copy only briefly: it is deleted after the upload of its
   state settled (or once the state was replaced or removed, see below), never before.
 - Per key the newest record wins: a take-over uploads, of a key's records, only the last.
-- Deletions, renames and attribute changes are not recorded: a node lost before they reach
-  the origin loses them (a file renamed after its close is re-staged under its new key by the
-  daemon's re-stager, seconds later; until then a take-over puts it under its old key). An
-  unlinked file's record is dropped in the background after the unlink is journaled.
+- Every pending state is recorded, not only written files: a deletion (`deleted`), a copy
+  (`copy`: a rename of a file the origin has, or a change of attributes) and a directory
+  marker (`data` of size 0, no object) too, so a take-over replays the node's changes per key
+  in order and leaves the origin as the node left its namespace. The states of one namespace
+  change (a rename's new key and the deletion of its old one) go in one etcd transaction. A
+  renamed or re-attributed file whose staged object still holds its data gets a record that
+  names the same object (ids share the token), so a rename sends no data; an object goes only
+  with the last record that names it.
 - The cluster store and etcd are optional at any moment: a failed stage leaves the state
   node-durable (journaled locally, as under `--writeback async`), counted in `unstaged`, and
   the daemon's re-stager stages it again once both answer. After a failure, commits skip
@@ -54,6 +58,7 @@ from urllib.parse import quote
 from ..stores.metadata import Attrs
 from .coordination import Etcd, EtcdUnavailable
 from .file_views import FileView
+from .pending import DATA
 
 if TYPE_CHECKING:  # boto3 is optional: only a cluster mount needs it
     from ..stores.s3.cluster_bucket import ClusterBucket
@@ -87,6 +92,11 @@ class Record:
     size: int
     mtime: float
     attrs: tuple[int | None, int | None, int | None] | None
+    kind: str = DATA
+    """What the origin must get: the staged object (`data`; none for size 0), a deletion
+    (`deleted`) or a copy of `copy_from`'s version `copy_etag` (`copy`)."""
+    copy_from: str | None = None
+    copy_etag: str | None = None
 
     def encode(self) -> str:
         return json.dumps(asdict(self))
@@ -101,6 +111,16 @@ class Record:
     @property
     def attributes(self) -> Attrs | None:
         return None if self.attrs is None else Attrs(*self.attrs)
+
+    @property
+    def token(self) -> str:
+        return token_of(self.id)
+
+
+def token_of(record_id: str) -> str:
+    """What names a record's staging object (`ClusterQueue.object_name`); records may share
+    one (a renamed file's record names the object staged for its old key)."""
+    return record_id.rsplit("-", 1)[-1]
 
 
 class ClusterQueue:
@@ -128,7 +148,7 @@ class ClusterQueue:
         return f"{self.root}queue/{node or self.node}/"
 
     def object_name(self, node: str, record_id: str) -> str:
-        return f"staging/{node}/{record_id.rsplit('-', 1)[-1]}"
+        return f"staging/{node}/{token_of(record_id)}"
 
     def new_staging_object(self) -> str:
         """A fresh name for a staging object of this node, for `stage(streamed=...)`."""
@@ -142,36 +162,54 @@ class ClusterQueue:
             paused = time.monotonic() < self._paused_until
         return not paused and self.fence() is not None
 
-    def stage(self, source_url: str, key: str, path: Path, size: int, mtime: float,
-              attrs: Attrs | None, streamed: str | None = None) -> str:
-        """Put the file at `path` and its record in the cluster; its record id. `streamed`
-        names a staging object that holds the file already (`new_staging_object`, completed
-        by its stream), so only the record is put. Raises StagingFailed (and pauses staging)
-        when the store or etcd does not take it."""
-        token = (streamed or self.new_staging_object()).rsplit("/", 1)[-1]
-        record = Record(f"{time.time_ns():020d}-{token}", source_url, key, size,
-                        mtime, None if attrs is None else (attrs.mode, attrs.uid, attrs.gid))
-        name = self.object_name(self.node, record.id)
+    def new_record(self, source_url: str, key: str, size: int, mtime: float,
+                   attrs: Attrs | None, kind: str = DATA, copy_from: str | None = None,
+                   copy_etag: str | None = None, staged_object: str | None = None) -> Record:
+        """A record committed now; its staging object is `staged_object` (a name from
+        `new_staging_object`, or the object of an earlier record that still holds the data),
+        or a fresh one."""
+        token = (staged_object or self.new_staging_object()).rsplit("/", 1)[-1]
+        return Record(f"{time.time_ns():020d}-{token}", source_url, key, size, mtime,
+                      None if attrs is None else (attrs.mode, attrs.uid, attrs.gid), kind,
+                      copy_from, copy_etag)
+
+    def stage(self, record: Record, path: Path | None = None) -> None:
+        """Put the file at `path` (its first `record.size` bytes) as the record's staging
+        object, then the record in the cluster; without `path` the object is there already
+        (streamed, or staged for an earlier record) or the record needs none. Raises
+        StagingFailed (and pauses staging) when the store or etcd does not take it."""
+        self.stage_all([record], {record.id: path} if path is not None else {})
+
+    def stage_all(self, records: list[Record], paths: dict[str, Path] | None = None) -> None:
+        """`stage` for several records (`paths`: the data file of each record id that needs
+        its object put), whose records go in one etcd transaction (all or none): the states
+        of one namespace change."""
+        paths = paths or {}
+        names = [self.object_name(self.node, record.id) for record in records
+                 if record.id in paths]
         try:
-            if streamed is None:
-                with open(path, "rb") as file:
-                    self.bucket.put(name, _Exactly(file, size), size)
+            for record in records:
+                if record.id in paths:
+                    with open(paths[record.id], "rb") as file:
+                        self.bucket.put(self.object_name(self.node, record.id),
+                                        _Exactly(file, record.size), record.size)
             try:
                 fence = self.fence()
-                if fence is None or not self.etcd.put_if(self.queue_prefix() + record.id,
-                                                         record.encode(), *fence):
+                if fence is None or not self.etcd.put_if(
+                        [(self.queue_prefix() + record.id, record.encode()) for record in records],
+                        *fence):
                     raise QueueNotHeld("this node does not hold its queue in etcd (its lease "
                                        "expired); it stages again once it does")
             except (EtcdUnavailable, QueueNotHeld):
-                self._drops.submit(self._delete_object, name)
+                for name in names:
+                    self._drops.submit(self._delete_object, name)
                 raise
-        except Exception as error:  # noqa: BLE001 - any failure leaves the file node-durable
+        except Exception as error:  # noqa: BLE001 - any failure leaves the state node-durable
             self._failed(error)
             raise StagingFailed(str(error)) from None
         with self._lock:
             self.failing_since, self.last_error = None, None
             self._paused_until = 0.0
-        return record.id
 
     def _failed(self, error: Exception) -> None:
         with self._lock:
@@ -184,14 +222,15 @@ class ClusterQueue:
             log.warning("cluster writes: cannot stage in the cluster (%s); writes are only "
                         "node-durable until it answers, then staged again", error)
 
-    def drop(self, record_id: str) -> None:
-        """Forget one of this node's records and its object, in the background (called with
-        `WriteBack.lock` held: it only queues)."""
-        self._drops.submit(self._settle_quietly, self.node, record_id)
+    def drop(self, record_id: str, keep_object: bool = False) -> None:
+        """Forget one of this node's records and its object (not the object where a newer
+        record names it too: `keep_object`), in the background (called with `WriteBack.lock`
+        held: it only queues)."""
+        self._drops.submit(self._settle_quietly, self.node, record_id, not keep_object)
 
-    def _settle_quietly(self, node: str, record_id: str) -> None:
+    def _settle_quietly(self, node: str, record_id: str, delete_object: bool) -> None:
         try:
-            self.settle(node, record_id)
+            self.settle(node, record_id, delete_object)
         except Exception as error:  # noqa: BLE001 - a take-over would upload it once more
             log.warning("cluster writes: could not delete the settled record %s (%s); a "
                         "take-over of this node would upload it again", record_id, error)
@@ -218,10 +257,12 @@ class ClusterQueue:
         """The staging object of `record`, streamed. Raises StoreError."""
         return self.bucket.open_object(self.object_name(node, record.id), record.size)
 
-    def settle(self, node: str, record_id: str) -> None:
-        """The record first, then its object (a record never names a missing object)."""
+    def settle(self, node: str, record_id: str, delete_object: bool = True) -> None:
+        """The record first, then its object unless another record names it (a record never
+        names a missing object)."""
         self.etcd.delete(self.queue_prefix(node) + record_id)
-        self.bucket.delete(self.object_name(node, record_id))
+        if delete_object:
+            self.bucket.delete(self.object_name(node, record_id))
 
     def sweep(self, node: str) -> int:
         """Delete `node`'s staging objects that no record names (a crash between a record's

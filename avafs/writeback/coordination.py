@@ -81,16 +81,17 @@ class Etcd:
         self._call(lambda client: client.put(
             key, value, lease=None if lease is None else Lease(lease, client)))
 
-    def put_if(self, key: str, value: str, guard: str, guard_value: str) -> bool:
-        """Put `key` only if `guard` holds `guard_value` now (one transaction); False if it
-        does not (it is absent or holds another value)."""
+    def put_if(self, items: list[tuple[str, str]], guard: str, guard_value: str) -> bool:
+        """Put every (key, value) of `items` only if `guard` holds `guard_value` now (one
+        transaction: all or none); False if it does not (it is absent or holds another value)."""
         from etcd3gw.utils import _encode
 
         def request(client: Any) -> bool:
             result = client.transaction({
                 "compare": [{"key": _encode(guard), "result": "EQUAL", "target": "VALUE",
                              "value": _encode(guard_value)}],
-                "success": [{"request_put": {"key": _encode(key), "value": _encode(value)}}],
+                "success": [{"request_put": {"key": _encode(key), "value": _encode(value)}}
+                            for key, value in items],
                 "failure": []})
             return bool(result.get("succeeded", False))
 

@@ -42,7 +42,7 @@ from ..metrics import Metrics
 from ..objects import ObjectRef, allocated, parent_prefix
 from ..stores.base import ObjectInfo
 from ..stores.metadata import Attrs
-from .cluster_queue import ClusterQueue, StagingFailed
+from .cluster_queue import ClusterQueue, Record, StagingFailed, token_of
 from .cluster_streams import ClusterStreams
 from .journal import Journal
 from .pending import COPY, DATA, DELETED, Pending
@@ -367,7 +367,7 @@ class WriteBack:
             if start < self._streamed(entry):
                 self._stop_streaming(entry)
             entry.generation += 1
-            entry.durable = False
+            entry.durable = entry.staged_data_current = False
             entry.set_aside = None  # new content: the store gets a new chance
             entry.mtime = time.time()
             self._touch(entry)
@@ -399,7 +399,7 @@ class WriteBack:
             elif entry.appended_to is not None:
                 entry.appended_to = min(entry.appended_to, size)
             entry.generation += 1
-            entry.durable = False
+            entry.durable = entry.staged_data_current = False
             entry.set_aside = None
             entry.mtime = time.time()
             self._touch(entry)
@@ -477,17 +477,21 @@ class WriteBack:
             if current is not None and current.kind == DELETED:
                 raise FileNotFoundError(errno.ENOENT, f"{key} was deleted")
             if current is None:
-                self._replace([self._next(source, key, COPY, size=clean.size, mtime=mtime,
-                                          attrs=attrs, copy_from=key, copy_etag=clean.etag)])
-                return
-            current.mtime, current.attrs = mtime, attrs
-            current.generation += 1
-            self._touch(current)
-            if not current.durable:
-                return  # its writer's close journals it
-            ticket = self.journal.submit([current])
-            self._wake_uploader()
-        self.journal.wait(ticket)
+                changes = [self._next(source, key, COPY, size=clean.size, mtime=mtime,
+                                      attrs=attrs, copy_from=key, copy_etag=clean.etag)]
+                self._replace(changes)
+            else:
+                current.mtime, current.attrs = mtime, attrs
+                current.generation += 1
+                self._touch(current)
+                if not current.durable:
+                    return  # its writer's close journals it
+                changes = [current]
+                ticket = self.journal.submit(changes)
+                self._wake_uploader()
+        if current is not None:
+            self.journal.wait(ticket)
+        self._stage_change(changes)
 
     # --- cluster writes (cluster_queue.py) --------------------------------------------------------
 
@@ -504,37 +508,99 @@ class WriteBack:
         if self.cluster is not None:
             self.cluster.close()
 
+    def _record_of(self, entry: Pending) -> Record | None:
+        """The record of `entry` as it is now where it needs no data sent: a deletion, a copy,
+        a directory marker, a file whose staged object still holds its data (renamed, or
+        given new attributes); None for a file whose data must be sent (lock held)."""
+        url = self.source_urls[entry.source]
+        if entry.kind == DATA and entry.file:
+            if entry.staged is None or not entry.staged_data_current:
+                return None
+            return self.cluster.new_record(
+                url, entry.key, entry.size, entry.mtime, entry.attrs,
+                staged_object=self.cluster.object_name(self.cluster.node, entry.staged))
+        return self.cluster.new_record(url, entry.key, entry.size, entry.mtime, entry.attrs,
+                                       entry.kind, entry.copy_from, entry.copy_etag)
+
     def _stage(self, entry: Pending) -> tuple[str, str, int] | None:
-        """Stage the entry's data as it is now, holding no lock (its file is held meanwhile);
+        """Stage the entry as it is now, holding no lock (its data file is held meanwhile);
         (record id, key, generation), or None if it stays node-durable."""
         with self.lock:
-            if self._pending.get(entry.slot) is not entry or entry.kind != DATA or \
-                    not entry.file or entry.staged_generation == entry.generation or \
-                    not self.hold_file(entry.file):
-                return None  # gone, not data, or staged as it is (an fsync, then the close)
-            name, key, generation = entry.file, entry.key, entry.generation
-            size, mtime, attrs = entry.size, entry.mtime, entry.attrs
+            if self._pending.get(entry.slot) is not entry or \
+                    entry.staged_generation == entry.generation:
+                return None  # gone, or staged as it is (an fsync, then the close)
+            key, generation = entry.key, entry.generation
+            record = self._record_of(entry)
+            if record is None and not self.hold_file(entry.file):
+                return None
+            name, size, mtime, attrs = entry.file, entry.size, entry.mtime, entry.attrs
+        if record is not None:
+            try:
+                self.cluster.stage(record)
+            except StagingFailed:
+                return None
+            return record.id, key, generation
         try:
             streamed = None if self.cluster_streams is None else \
                 self.cluster_streams.complete(entry, generation)
-            record = self.cluster.stage(self.source_urls[entry.source], key,
-                                        self.data_dir / name, size, mtime, attrs, streamed)
+            record = self.cluster.new_record(self.source_urls[entry.source], key, size, mtime,
+                                             attrs, staged_object=streamed)
+            self.cluster.stage(record, None if streamed else self.data_dir / name)
         except StagingFailed:
             return None
         finally:
             self.drop_file(name)
-        return record, key, generation
+        return record.id, key, generation
+
+    def _stage_change(self, changes: list[Pending]) -> None:
+        """Record the states of one namespace change (unlink, rename, mkdir, ...) in the
+        cluster in one transaction, so a take-over replays all of it or none. Where one of
+        them needs data sent (a renamed file whose staged object is stale) all wait for
+        `restage`, which stages them one by one in order: the new key before the old key's
+        deletion."""
+        if self.cluster is None or not self.cluster.available():
+            return
+        with self.lock:
+            states = []
+            for entry in sorted(changes, key=lambda entry: entry.seq):
+                if self._pending.get(entry.slot) is not entry:
+                    continue
+                record = self._record_of(entry)
+                if record is None:
+                    return
+                states.append((entry, record, entry.key, entry.generation))
+        try:
+            self.cluster.stage_all([record for _, record, _, _ in states])
+        except StagingFailed:
+            return
+        self._journal_staged([(entry, record.id, key, generation)
+                              for entry, record, key, generation in states])
+
+    def _journal_staged(self, states: list[tuple[Pending, str, str, int]]) -> None:
+        """Adopt staged records (entry, record id, key, generation) and journal the entries
+        that keep them."""
+        with self.lock:
+            adopted = [entry for entry, *staged in states
+                       if self._adopt_staged(entry, *staged) and entry.durable]
+            if not adopted:
+                return
+            ticket = self.journal.submit(adopted)
+        self.journal.wait(ticket)
 
     def _adopt_staged(self, entry: Pending, record: str, key: str, generation: int) -> bool:
         """Make `record` the entry's record unless the entry went, moved to another key, or
-        has a newer one; the record left over is dropped (call with the lock held)."""
+        has a newer one; the record left over is dropped, its object too unless the kept
+        record names it (call with the lock held)."""
         newer = entry.staged_generation is not None and entry.staged_generation > generation
+        current = entry.staged
+        shared = current is not None and token_of(current) == token_of(record)
         if self._pending.get(entry.slot) is not entry or entry.key != key or newer:
-            self.cluster.drop(record)
+            self.cluster.drop(record, keep_object=shared)
             return False
-        if entry.staged is not None:
-            self.cluster.drop(entry.staged)
+        if current is not None:
+            self.cluster.drop(current, keep_object=shared)
         entry.staged, entry.staged_generation = record, generation
+        entry.staged_data_current = generation == entry.generation
         return True
 
     def _unstage(self, entry: Pending) -> None:
@@ -544,11 +610,11 @@ class WriteBack:
         entry.staged = entry.staged_generation = None
 
     def unstaged(self) -> list[Pending]:
-        """Committed file states whose current content is not staged: only node-durable."""
+        """Committed states not staged as they are now (only node-durable), in change order."""
         with self.lock:
-            return [entry for entry in self._pending.values()
-                    if entry.kind == DATA and entry.file and entry.durable
-                    and entry.staged_generation != entry.generation]
+            return sorted((entry for entry in self._pending.values()
+                           if entry.durable and entry.staged_generation != entry.generation),
+                          key=lambda entry: entry.seq)
 
     def pending_keys(self) -> set[tuple[str, str]]:
         """(source, key) of every pending state: newer here than any record of it that no
@@ -569,11 +635,7 @@ class WriteBack:
             staged = self._stage(entry)
             if staged is None:
                 break
-            with self.lock:
-                if not self._adopt_staged(entry, *staged) or not entry.durable:
-                    continue
-                ticket = self.journal.submit([entry])
-            self.journal.wait(ticket)
+            self._journal_staged([(entry, *staged)])
             staged_count += 1
         return staged_count
 
@@ -605,11 +667,15 @@ class WriteBack:
 
     def unlink(self, source: str, key: str) -> None:
         with self.lock:
-            self._replace([self._next(source, key, DELETED)])
+            changes = [self._next(source, key, DELETED)]
+            self._replace(changes)
+        self._stage_change(changes)
 
     def mkdir(self, source: str, prefix: str) -> None:
         with self.lock:
-            self._replace([self._next(source, prefix, DATA)])
+            changes = [self._next(source, prefix, DATA)]
+            self._replace(changes)
+        self._stage_change(changes)
 
     def rmdir(self, source: str, prefix: str) -> None:
         """The marker goes after every pending change below it (a local bucket cannot remove
@@ -617,7 +683,9 @@ class WriteBack:
         with self.lock:
             below = tuple(key for (entry_source, key) in self._pending
                           if entry_source == source and key.startswith(prefix) and key != prefix)
-            self._replace([self._next(source, prefix, DELETED, wait_for=below)])
+            changes = [self._next(source, prefix, DELETED, wait_for=below)]
+            self._replace(changes)
+        self._stage_change(changes)
 
     def rename(self, source: str, moves: list[tuple[str, str]], markers: list[tuple[str, str]],
                clean_info: Callable[[str], ObjectInfo | None]) -> None:
@@ -672,6 +740,7 @@ class WriteBack:
                 for entry, key, seq in rekeyed:
                     entry.key, entry.seq = key, seq
                 raise
+        self._stage_change(changes)
 
     # --- upload bookkeeping, for the uploader ----------------------------------------------------
 

@@ -91,6 +91,10 @@ class Pending:
     """No longer the key's state (replaced or removed): an upload of it in flight stops."""
     staged_generation: int | None = None
     """The generation `staged` holds; the state needs staging again while it differs."""
+    staged_data_current: bool = False
+    """Whether the staging object of `staged` holds the data file as it is (no write or
+    truncate since): a rename or a change of attributes then stages a record naming that
+    object again, sending no data."""
     allocated: int | None = None
     """What the data file takes on disk, measured, once a write or truncate left a hole in it;
     None while it has none, when that is its length rounded up to whole disk blocks."""

@@ -39,20 +39,23 @@ is called with `WriteBack.lock` held.
 
 from __future__ import annotations
 
+import io
 import logging
 import threading
 import time
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import AvafsError
+from ..errors import AvafsError, ObjectChangedError
 from ..metrics import Metrics
 from ..stores.base import ObjectStore
 from ..stores.metadata import Attrs
 from .cluster_queue import ClusterQueue, Record
 from .coordination import EtcdUnavailable
 from .manager import WriteBack
+from .pending import COPY, DATA, DELETED
 
 log = logging.getLogger(__name__)
 
@@ -65,47 +68,63 @@ class QueueLost(Exception):
     """This daemon no longer holds the owner key of the queue it was draining."""
 
 
+TAKEOVERS_KEPT = 50
+"""Take-over events the status lists (the newest; the metrics count every one)."""
+
+
 @dataclass
 class Takeover:
-    """One queue being drained (or drained) by this daemon."""
+    """One drain of a queue by this daemon: an event of the status, running until `finished`.
+    A node taken over twice (it came back, then was lost again) has two."""
 
     node: str
     started: float = field(default_factory=time.time)
     finished: float | None = None
-    uploaded: int = 0
+    files: int = 0
+    """Records applied to the origin (uploads, deletions, copies)."""
+    bytes: int = 0
+    """Bytes uploaded from staging objects."""
     settled: int = 0
+    outcome: str = "running"
+    """running, drained, or stopped (this daemon lost its lease; another takes over)."""
     error: str | None = None
+    """The last failure, retried (cleared by the next pass that succeeds)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"node": self.node, "started": self.started, "finished": self.finished,
-                "uploaded": self.uploaded, "settled": self.settled, "error": self.error}
+                "files": self.files, "bytes": self.bytes, "settled": self.settled,
+                "outcome": self.outcome, "error": self.error}
 
 
 def drain(queue: ClusterQueue, node: str, open_origin: OpenOrigin, still_owner: Callable[[], bool],
           progress: Takeover, only: set[str] | None = None,
           keep_keys: set[tuple[str, str]] = frozenset()) -> None:
-    """Upload `node`'s records (those in `only`, if given) to the origin in record order, the
-    last record of each key only, settling each as it lands, until none is left; retried with
-    backoff while `still_owner()` holds. Keys in `keep_keys` have a newer state on this node:
-    their records are settled without an upload. Raises QueueLost."""
+    """Apply `node`'s records (those in `only`, if given) to the origin in record order, the
+    last record of each key only (an upload, a deletion or a copy), settling each as it
+    lands, until none is left; retried with backoff while `still_owner()` holds. Keys in
+    `keep_keys` have a newer state on this node: their records are settled without an upload.
+    A staging object goes with the last record that names it. Raises QueueLost."""
     delay = _RETRY_FIRST
     while True:
         if not still_owner():
             raise QueueLost(node)
         try:
-            records = [record for record in queue.records(node)
-                       if only is None or record.id in only]
+            every = queue.records(node)
+            records = [record for record in every if only is None or record.id in only]
             if not records:
                 break
+            naming = Counter(record.token for record in every)
             last = {(record.source_url, record.key): record.id for record in records}
             for record in records:
                 if not still_owner():
                     raise QueueLost(node)
                 if last[(record.source_url, record.key)] == record.id and \
                         (record.source_url, record.key) not in keep_keys:
-                    _upload(queue, node, record, open_origin)
-                    progress.uploaded += 1
-                queue.settle(node, record.id)
+                    _apply(queue, node, record, open_origin)
+                    progress.files += 1
+                    progress.bytes += record.size if record.kind == DATA else 0
+                naming[record.token] -= 1
+                queue.settle(node, record.id, delete_object=naming[record.token] == 0)
                 progress.settled += 1
             delay = _RETRY_FIRST
             progress.error = None
@@ -123,11 +142,23 @@ def drain(queue: ClusterQueue, node: str, open_origin: OpenOrigin, still_owner: 
             log.info("take-over of node %s: staging objects not swept: %s", node, error)
 
 
-def _upload(queue: ClusterQueue, node: str, record: Record, open_origin: OpenOrigin) -> None:
-    body = queue.open_staged(node, record)
+def _apply(queue: ClusterQueue, node: str, record: Record, open_origin: OpenOrigin) -> None:
+    """Bring the origin to what `record` says its key must become, as the uploader would."""
+    origin = open_origin(record.source_url)
+    if record.kind == DELETED:
+        origin.delete(record.key)
+        return
+    if record.kind == COPY:
+        try:
+            origin.copy(record.copy_from, record.key, record.copy_etag,
+                        None if record.attrs is None else record.mtime, record.attributes)
+        except ObjectChangedError as error:
+            log.error("take-over of node %s: cannot finish copying %r to %r: %s; the source "
+                      "was changed by someone else", node, record.copy_from, record.key, error)
+        return
+    body = queue.open_staged(node, record) if record.size else io.BytesIO(b"")
     try:
-        open_origin(record.source_url).put(record.key, body, record.size, record.mtime,
-                                           record.attributes or Attrs())
+        origin.put(record.key, body, record.size, record.mtime, record.attributes or Attrs())
     finally:
         body.close()
 
@@ -152,7 +183,8 @@ class ClusterMember:
         self._held_until = 0.0
         """Monotonic time until which the owner key is provably this node's: a lease TTL after
         the last keep-alive (or grant) that etcd answered was sent."""
-        self.takeovers: dict[str, Takeover] = {}
+        self.takeovers: deque[Takeover] = deque(maxlen=TAKEOVERS_KEPT)
+        """Take-over events, oldest first (guarded by `_lock`)."""
         self._stopping = threading.Event()
         metrics.cluster_unstaged.set_function(lambda: len(writeback.unstaged()))
         metrics.cluster_node_only.set_function(lambda: int(not self.cluster_durable()))
@@ -261,7 +293,8 @@ class ClusterMember:
     def _take_over_lost_nodes(self) -> None:
         for node in sorted(self.queue.queued_nodes() - {self.queue.node}):
             with self._lock:
-                running = node in self.takeovers and self.takeovers[node].finished is None
+                running = any(progress.node == node and progress.finished is None
+                              for progress in self.takeovers)
             if running or self._lease is None:
                 continue
             if self.etcd.create(f"{self.key_root}owner/{node}",
@@ -274,7 +307,7 @@ class ClusterMember:
     def _start_drain(self, node: str, only: set[str] | None = None) -> None:
         progress = Takeover(node)
         with self._lock:
-            self.takeovers[node] = progress
+            self.takeovers.append(progress)
         keep = {(self.writeback.source_urls.get(source, ""), key)
                 for source, key in self.writeback.pending_keys()} if only is not None else set()
         threading.Thread(target=self._drain, args=(node, progress, only, keep), daemon=True,
@@ -287,15 +320,20 @@ class ClusterMember:
                   self._stopping.is_set(), progress, only, keep)
             if node != self.queue.node:
                 self.etcd.delete(f"{self.key_root}owner/{node}")
-            log.warning("cluster writes: queue of node %s drained: %d files uploaded",
-                        node, progress.uploaded)
+            progress.outcome = "drained"
+            log.warning("cluster writes: queue of node %s drained: %d changes applied to the "
+                        "origin (%d bytes uploaded)", node, progress.files, progress.bytes)
         except QueueLost:
+            progress.outcome = "stopped"
             log.warning("cluster writes: stopped draining the queue of node %s: this node lost "
                         "its lease; another node takes it over", node)
         except EtcdUnavailable as error:
+            progress.outcome = "stopped"
             log.warning("cluster writes: take-over of node %s: %s", node, error)
         finally:
-            self.metrics.cluster_takeover_uploads.inc(progress.uploaded)
+            self.metrics.cluster_takeover_uploads.inc(progress.files)
+            self.metrics.cluster_takeover_bytes.inc(progress.bytes)
+            self.metrics.cluster_takeovers_ended.labels(progress.outcome).inc()
             progress.finished = time.time()
 
     def cluster_durable(self) -> bool:
@@ -305,7 +343,7 @@ class ClusterMember:
 
     def status(self) -> dict[str, Any]:
         with self._lock:
-            takeovers = [progress.as_dict() for progress in self.takeovers.values()]
+            takeovers = [progress.as_dict() for progress in self.takeovers]
         return {"node": self.queue.node, "cluster": self.queue.cluster,
                 "etcd": list(self.etcd.urls), "joined": self.holds_queue(),
                 "durable_in": "cluster" if self.cluster_durable() else "node",
@@ -367,7 +405,7 @@ def recover(queue: ClusterQueue, node: str, ttl: int, open_origin: OpenOrigin,
             done.set()
             shower.join()
         etcd.delete(f"{queue.root}owner/{node}")
-        progress.finished = time.time()
+        progress.finished, progress.outcome = time.time(), "drained"
         return progress
     finally:
         stopping.set()
