@@ -11,6 +11,7 @@ on a small shared machine; AVAFS_TEST_KILL_ROUNDS sets the kill loop's rounds (d
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -196,6 +197,42 @@ def test_a_file_written_front_to_back_is_staged_while_written(cluster):
     killed = cluster.kill("a")
     wait_in_origin(cluster.origin, {"ckpt/streamed.pt": streamed,
                                     "ckpt/rewritten.pt": bytes(rewritten)}, killed + TTL + 60)
+
+
+def stream_and_die(cluster: Cluster, name: str) -> float:
+    """Node `name` streams a large file into staging and is lost before closing it; when."""
+    fd = os.open(cluster.mounts[name] / "open.pt", os.O_WRONLY | os.O_CREAT)
+    for _ in range(72):  # streaming starts at 64 MiB
+        os.write(fd, os.urandom(MiB))
+    wait_for_parts(cluster, name, 9)
+    killed = cluster.kill(name)
+    with contextlib.suppress(OSError):  # its mount is gone
+        os.close(fd)
+    return killed
+
+
+def wait_no_uploads(cluster: Cluster, node: str, deadline: float) -> None:
+    while staging_uploads(cluster, node):
+        assert time.monotonic() < deadline, "the lost node's staging upload is still open"
+        time.sleep(0.25)
+
+
+def test_a_lost_nodes_open_staging_upload_is_aborted(cluster):
+    """A node lost while a file streamed into staging leaves a multipart upload open in the
+    cluster bucket: `avafs recover` aborts it, and so does another node's take-over."""
+    cluster.node("a")
+    stream_and_die(cluster, "a")
+    assert staging_uploads(cluster, "a")
+    time.sleep(TTL + 1)
+    result = run_avafs("recover", "--node", "a", *cluster.options)
+    assert result.returncode == 0, result.stderr
+    assert staging_uploads(cluster, "a") == {}
+
+    cluster.node("a")
+    cluster.node("b")
+    killed = stream_and_die(cluster, "a")
+    wait_no_uploads(cluster, "a", killed + TTL + 20)
+    assert not (cluster.origin / "open.pt").exists()  # never acknowledged
 
 
 def test_avafs_recover_uploads_a_lost_nodes_queue_by_hand(cluster):

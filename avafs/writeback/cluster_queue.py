@@ -264,15 +264,25 @@ class ClusterQueue:
         if delete_object:
             self.bucket.delete(self.object_name(node, record_id))
 
+    def streaming_nodes(self) -> set[str]:
+        """Nodes with staging uploads open (a node lost while it streamed a file may have no
+        record to take over, only these). Raises StoreError."""
+        return {key.split("/", 2)[1] for key, _ in self.bucket.open_uploads("staging/")}
+
     def sweep(self, node: str) -> int:
         """Delete `node`'s staging objects that no record names (a crash between a record's
-        and its object's deletion, or a stage whose record failed); how many."""
+        and its object's deletion, or a stage whose record failed) and abort its staging
+        uploads (files it was streaming when it was lost); how many. Only for a node whose
+        queue the caller holds and that is not running: a live node's streams are its own."""
         named = {self.object_name(node, record.id) for record in self.records(node)}
         swept = 0
         for key in self.bucket.keys_under(f"staging/{node}/"):
             if key not in named:
                 self.bucket.delete(key)
                 swept += 1
+        for key, upload_id in self.bucket.open_uploads(f"staging/{node}/"):
+            self.bucket.abort_upload(key, upload_id)
+            swept += 1
         return swept
 
     def close(self) -> None:

@@ -28,6 +28,10 @@ Invariants.
   its watch thread stages again what it acknowledged meanwhile. A daemon starting under a
   name whose owner key is held (its previous life's lease not yet expired, or a taker
   draining it) waits for it the same way before it joins.
+- A lost node may leave a staging upload open (a file it was streaming, not acknowledged):
+  nodes with staging uploads open are taken over like nodes with records, and a drained
+  queue is swept (`ClusterQueue.sweep`: objects no record names, uploads open), by a daemon
+  and by `avafs recover` alike.
 - Records of this node's previous life that no journaled state names (the node's disk was
   replaced) are drained by the node itself when it takes its key, except keys it has a
   newer state of.
@@ -48,7 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import AvafsError, ObjectChangedError
+from ..errors import AvafsError, ObjectChangedError, StoreError
 from ..metrics import Metrics
 from ..stores.base import ObjectStore
 from ..stores.metadata import Attrs
@@ -291,7 +295,14 @@ class ClusterMember:
                 log.exception("cluster writes: watch failed")
 
     def _take_over_lost_nodes(self) -> None:
-        for node in sorted(self.queue.queued_nodes() - {self.queue.node}):
+        """Nodes with records, or with staging uploads open, whose owner key is free (their
+        lease expired) are taken over; one of them at a time per node, by one daemon."""
+        try:
+            streaming = self.queue.streaming_nodes()
+        except StoreError as error:
+            log.debug("cluster writes: staging uploads not listed: %s", error)
+            streaming = set()
+        for node in sorted((self.queue.queued_nodes() | streaming) - {self.queue.node}):
             with self._lock:
                 running = any(progress.node == node and progress.finished is None
                               for progress in self.takeovers)

@@ -115,6 +115,15 @@ class ClusterBucket(S3Store):
             return [item["Key"][len(self.prefix):] for page in pages
                     for item in page.get("Contents", ())]
 
+    def open_uploads(self, prefix: str) -> list[tuple[str, str]]:
+        """(key, upload id) of every multipart upload started and not completed or aborted
+        under `prefix` (relative to the bucket's prefix)."""
+        with self._store_errors(f"LIST of the uploads under {prefix!r}"):
+            pages = self._sized(0).get_paginator("list_multipart_uploads").paginate(
+                Bucket=self.bucket, Prefix=self.prefix + prefix)
+            return [(item["Key"][len(self.prefix):], item["UploadId"]) for page in pages
+                    for item in page.get("Uploads", ())]
+
     def age(self, key: str) -> float | None:
         """Seconds since `key` was written, by the store's clock (its Date header against the
         object's Last-Modified); None if it is absent."""
