@@ -184,7 +184,7 @@ class Filesystem:
                                      options.cluster_profile, options.cluster_timeout)
         etcd = Etcd(options.etcd, timeout=min(float(options.cluster_lease_ttl) / 2, 5.0))
         queue = ClusterQueue(bucket, etcd, cluster_id(options.cluster_cache), options.node_name)
-        writeback.enable_cluster(queue, dict(options.sources))
+        writeback.enable_cluster(queue, dict(options.sources), options.cluster_staging_limit)
         member = ClusterMember(queue, options.cluster_lease_ttl, writeback, self.origin,
                                self.metrics)
         member.start(join_timeout=2.0 * options.cluster_lease_ttl + 5.0)

@@ -403,6 +403,30 @@ def test_a_lost_nodes_deletes_and_renames_are_replayed_in_order(cluster):
     assert "took over node a (drained)" in run_avafs("status", str(cluster.mounts["b"])).stdout
 
 
+def test_past_the_staging_limit_writers_wait_until_uploads_drain(cluster, s3_mount, s3_server,
+                                                                 bucket, proxy, tmp_path):
+    """--cluster-staging-limit 4MiB, an origin behind a slow link and no write-back delay to
+    speak of: a write after 6 MiB were staged waits until the uploads brought the staged bytes
+    under the limit, then goes ahead."""
+    proxy.rate, proxy.mode = 2 * MiB, "slow"
+    mnt = s3_mount("--writeback", "cluster", *cluster.options, "--node-name", "w",
+                   "--writeback-delay", "3600", "--cluster-staging-limit", "4Mi",
+                   endpoint=proxy.endpoint, mountpoint=tmp_path / "mnt-w",
+                   cache_dir=tmp_path / "cache-w")
+    first = os.urandom(6 * MiB)
+    write_synced(mnt / "first.bin", first)
+    status = Client(mnt).status()["cluster_writes"]
+    assert status["staged_bytes"] == len(first) and status["staging_limit"] == 4 * MiB, status
+    started = time.monotonic()
+    write_synced(mnt / "second.bin", b"after the wait")
+    waited = time.monotonic() - started
+    origin = s3_server.client()
+    assert origin.get_object(Bucket=bucket, Key="first.bin")["Body"].read() == first
+    assert waited > 1.0, waited  # 6 MiB at 2 MiB/s
+    assert Client(mnt).status()["cluster_writes"]["staged_bytes"] < 4 * MiB
+    print(f"the writer waited {waited:.1f}s for the staged bytes to drain")
+
+
 def test_cluster_writes_need_their_cluster(local_bucket, tmp_path):
     result = run_avafs("mount", local_bucket.as_uri(), str(tmp_path / "mnt"), "--writeback",
                        "cluster", "--cache-dir", str(tmp_path / "cache"))
@@ -410,7 +434,8 @@ def test_cluster_writes_need_their_cluster(local_bucket, tmp_path):
     assert "--writeback cluster needs --cluster-cache" in result.stderr
     result = run_avafs("mount", local_bucket.as_uri(), str(tmp_path / "mnt"), "--etcd",
                        "http://127.0.0.1:2379", "--cache-dir", str(tmp_path / "cache"))
-    assert "--etcd and --node-name are for --writeback cluster" in result.stderr
+    assert "--etcd, --node-name and --cluster-staging-limit are for --writeback cluster" \
+        in result.stderr
     result = run_avafs("mount", local_bucket.as_uri(), str(tmp_path / "mnt"), "--etcd",
                        "127.0.0.1:2379", "--cache-dir", str(tmp_path / "cache"))
     assert "expected http://HOST:PORT" in result.stderr

@@ -253,6 +253,10 @@ MOUNT_OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("cluster_lease_ttl", _lease_ttl, 10,
                "seconds after a node stops answering etcd before another node takes over its "
                "uploads (default 10)", metavar="SECONDS"),
+    OptionSpec("cluster_staging_limit", _size, 0,
+               "bytes of files this node may have staged in the cluster store and not yet "
+               "uploaded before writers are slowed, as past the dirty watermark (default 0: "
+               "no limit)", metavar="SIZE"),
     OptionSpec("allow_other", _flag, False, "let users other than the mounting one use the mount",
                is_flag=True),
     OptionSpec("uid", _id, None, "owner of files and directories whose object names none "
@@ -315,6 +319,7 @@ class MountOptions:
     etcd: tuple[str, ...] | None
     node_name: str | None
     cluster_lease_ttl: int
+    cluster_staging_limit: int
     allow_other: bool
     uid: int | None
     gid: int | None
@@ -366,9 +371,10 @@ def build_mount_options(sources: dict[str, str], values: dict[str, Any]) -> Moun
                          "files are staged) and --etcd URL[,URL...] (where their queue is kept)")
     if settled["writeback"] == "cluster" and settled["read_only"]:
         raise AvafsError("--writeback cluster and --read-only contradict: drop one")
-    if settled["writeback"] != "cluster" and (settled["etcd"] or settled["node_name"]):
-        raise AvafsError("--etcd and --node-name are for --writeback cluster: add it, or drop "
-                         "them")
+    if settled["writeback"] != "cluster" and (settled["etcd"] or settled["node_name"]
+                                              or settled["cluster_staging_limit"]):
+        raise AvafsError("--etcd, --node-name and --cluster-staging-limit are for --writeback "
+                         "cluster: add it, or drop them")
     if settled["writeback"] == "cluster" and not settled["node_name"]:
         settled["node_name"] = _node_name(socket.gethostname() or "avafs")
     return MountOptions(sources=sources, **settled)

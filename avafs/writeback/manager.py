@@ -99,6 +99,10 @@ class WriteBack:
         """Under --writeback cluster, uploads of files to their staging objects while they
         are written."""
         self.source_urls: dict[str, str] = {}
+        self.staged_bytes = 0
+        """Bytes of this mount's pending states staged in the cluster store (their objects)."""
+        self.staging_limit = 0
+        """Staged bytes past which writers are slowed as past `dirty_limit` (0: no limit)."""
         self.may_upload: Callable[[], bool] = lambda: True
         """Whether the uploaders may start an upload now. Under --writeback cluster only while
         this node provably holds its queue (takeover.py): a taker uploading the node's records
@@ -141,6 +145,9 @@ class WriteBack:
             if path.name not in referenced:
                 path.unlink()  # written but never committed: not acknowledged to anyone
         for entry in entries:
+            if entry.staged and entry.kind == DATA and entry.file:
+                entry.staged_bytes = entry.size
+                self.staged_bytes += entry.size
             if entry.file:
                 try:
                     status = os.stat(self.data_dir / entry.file)
@@ -409,7 +416,10 @@ class WriteBack:
             self._account()
 
     def over_dirty_limit(self) -> bool:
-        return self.dirty_bytes > self.dirty_limit
+        """Past the dirty watermark, or past the staging limit (--writeback cluster): uploads
+        hurry and writers wait, for either."""
+        return self.dirty_bytes > self.dirty_limit or \
+            0 < self.staging_limit < self.staged_bytes
 
     def room_to_write(self) -> bool:
         """Whether a write may go ahead now (asked before each write; never blocks). Past the
@@ -495,10 +505,13 @@ class WriteBack:
 
     # --- cluster writes (cluster_queue.py) --------------------------------------------------------
 
-    def enable_cluster(self, queue: ClusterQueue, source_urls: dict[str, str]) -> None:
+    def enable_cluster(self, queue: ClusterQueue, source_urls: dict[str, str],
+                       staging_limit: int = 0) -> None:
         """Stage committed files in the cluster (`source_urls`: each source's URL, which
-        the records name so any node can upload them)."""
+        the records name so any node can upload them); past `staging_limit` staged bytes
+        (0: none) writers wait as past the dirty watermark."""
         self.cluster, self.source_urls = queue, source_urls
+        self.staging_limit = staging_limit
         self.cluster_streams = ClusterStreams(self.data_dir, queue, self.lock, self.journal)
 
     def close_cluster(self) -> None:
@@ -599,7 +612,9 @@ class WriteBack:
             return False
         if current is not None:
             self.cluster.drop(current, keep_object=shared)
-        entry.staged, entry.staged_generation = record, generation
+        size = entry.size if entry.kind == DATA and entry.file else 0
+        self.staged_bytes += size - entry.staged_bytes
+        entry.staged, entry.staged_generation, entry.staged_bytes = record, generation, size
         entry.staged_data_current = generation == entry.generation
         return True
 
@@ -607,7 +622,9 @@ class WriteBack:
         """The entry is no longer its key's state: its record goes (in the background)."""
         if entry.staged is not None and self.cluster is not None:
             self.cluster.drop(entry.staged)
+        self.staged_bytes -= entry.staged_bytes
         entry.staged = entry.staged_generation = None
+        entry.staged_bytes = 0
 
     def unstaged(self) -> list[Pending]:
         """Committed states not staged as they are now (only node-durable), in change order."""

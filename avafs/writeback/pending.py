@@ -91,6 +91,8 @@ class Pending:
     """No longer the key's state (replaced or removed): an upload of it in flight stops."""
     staged_generation: int | None = None
     """The generation `staged` holds; the state needs staging again while it differs."""
+    staged_bytes: int = 0
+    """The bytes of the staging object `staged` names (counted in `WriteBack.staged_bytes`)."""
     staged_data_current: bool = False
     """Whether the staging object of `staged` holds the data file as it is (no write or
     truncate since): a rename or a change of attributes then stages a record naming that

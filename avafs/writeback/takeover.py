@@ -359,6 +359,8 @@ class ClusterMember:
                 "etcd": list(self.etcd.urls), "joined": self.holds_queue(),
                 "durable_in": "cluster" if self.cluster_durable() else "node",
                 "unstaged": len(self.writeback.unstaged()),
+                "staged_bytes": self.writeback.staged_bytes,
+                "staging_limit": self.writeback.staging_limit,
                 "last_error": self.queue.last_error, "takeovers": takeovers}
 
     def stop(self) -> None:
