@@ -427,6 +427,29 @@ def test_past_the_staging_limit_writers_wait_until_uploads_drain(cluster, s3_mou
     print(f"the writer waited {waited:.1f}s for the staged bytes to drain")
 
 
+def test_a_volume_server_killed_during_writes_loses_nothing(cluster):
+    """One of the two volume servers (replication 001) killed while node A writes: every
+    write is acknowledged, staged or node-durable; once the server is back A stages again what
+    was only node-durable, and after A is lost every acknowledged byte reaches the origin."""
+    node_a = cluster.node("a")
+    cluster.node("b")
+    files = write_files(node_a, "before", 5, 2 * MiB)
+    cluster.seaweed.kill_volume(0)
+    during = write_files(node_a, "during", 10, 9 * MiB)
+    files |= during
+    status = cluster.status("a")
+    print(f"with a volume server down: durable in {status['durable_in']}, "
+          f"{status['unstaged']} files not staged ({status['last_error']})")
+    cluster.seaweed.restart_volume(0)
+    deadline = time.monotonic() + 60
+    while (status := cluster.status("a"))["durable_in"] != "cluster" or status["unstaged"]:
+        assert time.monotonic() < deadline, f"never staged again: {status}"
+        time.sleep(0.3)
+    files |= write_files(node_a, "after", 5, MiB)
+    killed = cluster.kill("a")
+    wait_in_origin(cluster.origin, files, killed + TTL + 60)
+
+
 def test_cluster_writes_need_their_cluster(local_bucket, tmp_path):
     result = run_avafs("mount", local_bucket.as_uri(), str(tmp_path / "mnt"), "--writeback",
                        "cluster", "--cache-dir", str(tmp_path / "cache"))
