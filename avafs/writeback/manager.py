@@ -12,8 +12,9 @@ Durability: `commit()` (FUSE flush and fsync, i.e. close() and fsync()) fsyncs t
 journals the pending state before it returns. Nothing leaves the journal until the store
 acknowledged it, whatever fails meanwhile. Under `--writeback cluster` it first stages the file
 in the cluster (cluster_queue.py), holding no lock, completing the staging upload a file
-written front to back streamed while it was written (cluster_streams.py); a state that could not be staged stays
-node-durable and `restage` stages it again later.
+written front to back streamed while it was written (cluster_streams.py); a namespace change
+(unlink, rename, mkdir, rmdir, attributes) puts its states' records once it is journaled. A
+state that could not be staged stays node-durable and `restage` stages it again later.
 
 Failures: an upload that may succeed later is retried with backoff; one the store refuses for
 good (StoreError.permanent) is set aside: kept pending, journaled and on disk, reported by the
@@ -582,6 +583,8 @@ class WriteBack:
                 if record is None:
                     return
                 states.append((entry, record, entry.key, entry.generation))
+        if not states:
+            return
         try:
             self.cluster.stage_all([record for _, record, _, _ in states])
         except StagingFailed:
