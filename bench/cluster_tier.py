@@ -31,8 +31,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -72,8 +73,8 @@ class Result:
     warm: float = 0.0
     ceiling: tuple[float, float] = (0.0, 0.0)
     """MiB/s of the store's S3 gateway alone, `--threads` and CEILING_THREADS GETs at a time."""
-    errors: int = 0
-    """Failed cluster tier requests, every node's (`cluster.errors` of their status)."""
+    errors: Counter[str] = field(default_factory=Counter)
+    """Failed cluster tier requests by kind, every node's (`cluster.errors` of their status)."""
     dropped: int = 0
     """Blocks read from the origin but not written to the cluster tier, every node's."""
 
@@ -129,7 +130,7 @@ def run(names: list[str], dataset: int, nodes: int, threads: int, proxy: FaultPr
             return result
         for mount in mounts:
             tier = Client(mount.mountpoint).status()["cluster"]
-            result.errors += sum(tier["errors"].values())
+            result.errors.update(tier["errors"])
             result.dropped += tier["fills_dropped"]
         before = proxy.received_from_upstream
         late = group.add()
@@ -237,7 +238,8 @@ def main() -> int:
                               f"{'cluster tier' if tier else 'local only'}: origin / dataset "
                               f"{result.amplification:.2f}, first epochs "
                               f"{', '.join(f'{s:.1f}' for s in result.epochs)} s"
-                              + (f"; tier errors {result.errors}, fills dropped "
+                              + (f"; tier errors {result.errors.total()} "
+                                 f"({dict(+result.errors)}), fills dropped "
                                  f"{result.dropped}; late {result.late:.1f} s (origin / "
                                  f"dataset {result.late_amplification:.2f}), warm "
                                  f"{result.warm:.1f} s, the store alone "
