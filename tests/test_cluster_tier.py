@@ -268,6 +268,33 @@ def test_a_failed_fill_pauses_fills_not_reads(nodes, seaweed):
         proxy.close()
 
 
+def test_a_marker_that_cannot_be_deleted_pauses_claims_and_is_deleted_later(nodes, seaweed):
+    from fault_proxy import FaultProxy
+
+    data = os.urandom(2 * BLOCK)
+    (nodes.origin / "marked").write_bytes(data)
+    proxy = FaultProxy(int(seaweed.endpoint.rsplit(":", 1)[1]))
+    try:
+        node, other = nodes(endpoint=proxy.endpoint), nodes()
+        block = node.ref("marked").block(0)
+        assert node.cluster.claim(block)
+        proxy.mode = "503"
+        node.cluster.release(block)
+        node.drain()
+        node.cluster.fill(node.ref("marked").block(1), data[BLOCK:])  # a fill thread's turn
+        node.drain()
+        assert node.count("cluster_errors", "claim") == 1, "one failed delete, no retry loop"
+        assert node.cluster.reachable and not node.cluster.claiming
+        assert not other.cluster.claim(block), "the marker is still there"
+        proxy.mode = "pass"
+        deadline = time.monotonic() + 15
+        while not other.cluster.claim(block):
+            assert time.monotonic() < deadline, "the left-over marker was not deleted"
+            time.sleep(0.2)
+    finally:
+        proxy.close()
+
+
 def test_a_fresh_bucket_loses_no_fill(nodes, seaweed):
     """A fresh bucket's first writes wait for SeaweedFS to make its volumes, which can take
     longer than the read limit: a node that reads straight after its mount still fills every

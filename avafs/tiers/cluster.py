@@ -34,8 +34,9 @@ fills. At mount a fill thread writes (and deletes) a key of its own with the fil
 fresh bucket grows before the first epoch's writes; claims wait for that write for at most
 the read limit after the mount, and are skipped (the source read, the block filled) while it
 is still under way. A claim whose request failed may still have created its marker (a store
-that answered too late), and a marker due for deletion while the tier is off stays: both are
-left-overs, deleted by the fill threads once the tier is on again, so other nodes do not wait
+that answered too late), and a marker due for deletion while the tier is off or whose delete
+failed stays: all are left-overs, deleted by the fill threads once claims are on again (a
+failed delete pauses claims, as a failed claim does), so other nodes do not wait
 FILL_WAIT on a block this node will never fill. (A claim that is only retried, not left over,
 would find its own marker and take it for another node's.) The tier's requests skip
 botocore's own CRC32 of each block (`ClusterBucket.for_blocks`): the block's CRC32 in its
@@ -377,26 +378,30 @@ class ClusterTier:
                 log.exception("cluster tier: filling block %d of %s failed", block.index,
                               block.key)
 
-    def _delete_marker(self, block: BlockId) -> None:
-        """Delete the block's marker; kept as a left-over while the tier is off or when the
-        delete fails."""
+    def _delete_marker(self, block: BlockId) -> bool:
+        """Delete the block's marker; False when it is kept as a left-over: the tier is off
+        or the delete failed (which pauses claims)."""
         if self.reachable:
             try:
                 self.bucket.delete(self.marker_key(block))
-                return
+                return True
             except StoreError as error:
                 self._failed("claim", error)
         with self._lock:
             self._left_over.add(block)
+        return False
 
     def _delete_left_overs(self) -> None:
-        """Delete the markers left over while the tier is on (one fill thread's turn)."""
-        while self.reachable:
+        """Delete the markers left over while claims are on (one fill thread's turn); the
+        first that fails ends the turn, so a store that refuses deletes costs one request per
+        turn, not a loop."""
+        while self.claiming:
             with self._lock:
                 if not self._left_over:
                     return
                 block = self._left_over.pop()
-            self._delete_marker(block)
+            if not self._delete_marker(block):
+                return
 
     def close(self) -> None:
         """Write what is queued (each write bounded by the store's timeouts), then stop."""
