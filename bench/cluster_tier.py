@@ -2,7 +2,8 @@
 (`--cluster-cache` on a loopback SeaweedFS cluster).
 
     python3 bench/cluster_tier.py [--nodes 1 2 4] [--large 12] [--files 64] [--threads 2]
-                                  [--rate 50] [--latency 0.02] [--runs 1]
+                                  [--rate 50] [--latency 0.02] [--runs 1] [--tier-only]
+                                  [--profile DIR]
 
 The origin is moto's S3 server behind the tests' fault proxy in "link" mode, standing in for
 the cloud: all connections together get `--rate` MB/s, and every answer starts `--latency`
@@ -13,8 +14,13 @@ same order (their first epoch), local only and then with the cluster tier; the o
 what the proxy relayed from moto (HTTP headers, listings and read-ahead included). After the
 run with the tier a late node starts with an empty cache dir and reads the dataset (from the
 cluster tier), then the first node is remounted on its cache dir and reads it again (from its
-warm disk tier): the issue asks the late node for >= 0.8 x the warm node's speed. Each run's
-cluster tier uses a prefix of its own, so it starts empty.
+warm disk tier): the issue asks the late node for >= 0.8 x the warm node's speed. Between the
+two, the store's own ceiling: every block the late node read, fetched with boto3 straight from
+the S3 gateway (response checksums off, as the tier's clients), `--threads` and then
+CEILING_THREADS GETs at a time. Each run's
+cluster tier uses a prefix of its own, so it starts empty. `--tier-only` skips the local-only
+runs; `--profile DIR` samples the late node's and the warm node's daemons with py-spy
+(bench/profiling.py), which slows them: a profiled run's timings are not results.
 """
 
 from __future__ import annotations
@@ -24,16 +30,21 @@ import os
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests"))  # proxy, SeaweedFS
 
+from botocore.config import Config  # noqa: E402
 from common import MiB, make_dataset, median, read_all  # noqa: E402
 from fault_proxy import FaultProxy  # noqa: E402
 from mounts import AvafsMount, unmount_everything  # noqa: E402
+from profiling import Profiler  # noqa: E402
 from s3server import BUCKET, CREDENTIALS, MotoServer  # noqa: E402
 from seaweed import SeaweedCluster  # noqa: E402
 
@@ -43,6 +54,7 @@ CACHE = "avafs-cache"
 RAM_CACHE = 64 * MiB
 """Small, so that a remounted node reads from its disk tier, not from memory it kept."""
 DISK_CACHE = 4096 * MiB
+CEILING_THREADS = 8
 
 
 @dataclass(frozen=True)
@@ -59,8 +71,10 @@ class Result:
     late: float = 0.0
     late_amplification: float = 0.0
     warm: float = 0.0
-    errors: int = 0
-    """Failed cluster tier requests, every node's (`cluster.errors` of their status)."""
+    ceiling: tuple[float, float] = (0.0, 0.0)
+    """MiB/s of the store's S3 gateway alone, `--threads` and CEILING_THREADS GETs at a time."""
+    errors: Counter[str] = field(default_factory=Counter)
+    """Failed cluster tier requests by kind, every node's (`cluster.errors` of their status)."""
     dropped: int = 0
     """Blocks read from the origin but not written to the cluster tier, every node's."""
 
@@ -96,7 +110,7 @@ class Nodes:
 
 
 def run(names: list[str], dataset: int, nodes: int, threads: int, proxy: FaultProxy,
-        cluster: SeaweedCluster | None, root: Path) -> Result:
+        cluster: SeaweedCluster | None, root: Path, profiler: Profiler) -> Result:
     group = Nodes(root, Origin(proxy.endpoint), cluster, root.name)
     try:
         mounts = [group.add() for _ in range(nodes)]
@@ -116,22 +130,43 @@ def run(names: list[str], dataset: int, nodes: int, threads: int, proxy: FaultPr
             return result
         for mount in mounts:
             tier = Client(mount.mountpoint).status()["cluster"]
-            result.errors += sum(tier["errors"].values())
+            result.errors.update(tier["errors"])
             result.dropped += tier["fills_dropped"]
         before = proxy.received_from_upstream
         late = group.add()
-        result.late = read_all(late.mountpoint, names, threads)[1]
+        with profiler.record(f"{root.name}-late", late.pid):
+            result.late = read_all(late.mountpoint, names, threads)[1]
         result.late_amplification = (proxy.received_from_upstream - before) / dataset
+        result.ceiling = (store_ceiling(cluster, root.name, threads),
+                          store_ceiling(cluster, root.name, CEILING_THREADS))
         first = mounts[0]
         first.unmount()
         first.mount(group.cache_dir(0))
-        result.warm = read_all(first.mountpoint, names, threads)[1]
+        with profiler.record(f"{root.name}-warm", first.pid):
+            result.warm = read_all(first.mountpoint, names, threads)[1]
         return result
     finally:
         group.close()
 
 
-def report(nodes: int, local: list[Result], tier: list[Result], dataset: int) -> None:
+def store_ceiling(cluster: SeaweedCluster, prefix: str, threads: int) -> float:
+    """MiB/s of GETs of every block under `prefix`, `threads` at a time, by boto3 alone."""
+    client = cluster.client(Config(response_checksum_validation="when_required",
+                                   max_pool_connections=threads))
+    keys = [item["Key"] for page in client.get_paginator("list_objects_v2").paginate(
+        Bucket=CACHE, Prefix=f"{prefix}/blocks/") for item in page.get("Contents", ())]
+
+    def get(key: str) -> int:
+        return len(client.get_object(Bucket=CACHE, Key=key)["Body"].read())
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        total = sum(pool.map(get, keys))
+    return total / MiB / (time.perf_counter() - started)
+
+
+def report(nodes: int, local: list[Result], tier: list[Result], dataset: int,
+           threads: int) -> None:
     def figure(results: list[Result], value) -> float:
         return median([value(result) for result in results])
 
@@ -146,8 +181,9 @@ def report(nodes: int, local: list[Result], tier: list[Result], dataset: int) ->
           f"epoch per node local only {epochs(local)}; with the tier {epochs(tier)}; late node "
           f"{late:.1f} s ({dataset / MiB / late:.0f} MiB/s, origin bytes / dataset "
           f"{figure(tier, lambda r: r.late_amplification):.2f}), warm disk {warm:.1f} s "
-          f"({dataset / MiB / warm:.0f} MiB/s): late / warm speed {warm / late:.2f}",
-          flush=True)
+          f"({dataset / MiB / warm:.0f} MiB/s): late / warm speed {warm / late:.2f}; the store "
+          f"alone {figure(tier, lambda r: r.ceiling[0]):.0f} MiB/s ({threads} GETs at a time), "
+          f"{figure(tier, lambda r: r.ceiling[1]):.0f} MiB/s ({CEILING_THREADS})", flush=True)
 
 
 def main() -> int:
@@ -161,7 +197,11 @@ def main() -> int:
     parser.add_argument("--latency", type=float, default=0.02,
                         help="seconds before each answer of the origin starts")
     parser.add_argument("--runs", type=int, default=1, help="report medians of this many")
+    parser.add_argument("--tier-only", action="store_true", help="skip the local-only runs")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="py-spy profiles of the late and warm nodes into this folder")
     args = parser.parse_args()
+    profiler = Profiler(args.profile)
     spec = make_dataset(args.large, 16 * MiB, args.files, MiB)
     names = spec.large + spec.small
     dataset = spec.large_bytes + spec.small_bytes
@@ -190,20 +230,26 @@ def main() -> int:
             results: dict[tuple[int, bool], list[Result]] = {}
             for number in range(args.runs):
                 for nodes in args.nodes:
-                    for tier in (None, cluster):
+                    for tier in ((cluster,) if args.tier_only else (None, cluster)):
                         result = run(names, dataset, nodes, args.threads, proxy, tier,
-                                     root / f"r{number}-n{nodes}-{'tier' if tier else 'local'}")
+                                     root / f"r{number}-n{nodes}-{'tier' if tier else 'local'}",
+                                     profiler)
                         print(f"  run {number + 1}, {nodes} node(s), "
                               f"{'cluster tier' if tier else 'local only'}: origin / dataset "
                               f"{result.amplification:.2f}, first epochs "
                               f"{', '.join(f'{s:.1f}' for s in result.epochs)} s"
-                              + (f"; tier errors {result.errors}, fills dropped "
+                              + (f"; tier errors {result.errors.total()} "
+                                 f"({dict(+result.errors)}), fills dropped "
                                  f"{result.dropped}; late {result.late:.1f} s (origin / "
                                  f"dataset {result.late_amplification:.2f}), warm "
-                                 f"{result.warm:.1f} s" if tier else ""), flush=True)
+                                 f"{result.warm:.1f} s, the store alone "
+                                 f"{result.ceiling[0]:.0f} / {result.ceiling[1]:.0f} MiB/s"
+                                 if tier else ""), flush=True)
                         results.setdefault((nodes, tier is not None), []).append(result)
             for nodes in args.nodes:
-                report(nodes, results[nodes, False], results[nodes, True], dataset)
+                report(nodes, results.get((nodes, False), []), results[nodes, True], dataset,
+                       args.threads)
+            print("\n".join(profiler.summaries.values()))
         finally:
             unmount_everything()
             cluster.stop()

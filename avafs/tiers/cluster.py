@@ -20,18 +20,27 @@ stale marker is deleted so the next claim succeeds). A node claims every block o
 before it reads any and waits for other nodes' blocks only after reading its own, so two
 nodes that claimed parts of one run never wait on each other.
 
-Failure. The tier is a cache: a request that fails (after one try, with `--cluster-timeout`)
-sends the block to the source and turns the tier off for PAUSE_AFTER_ERROR seconds, so a store
-that is down costs one timeout per pause, not one per block. A failed write of a block (a
-background fill) pauses only fills and claims, not reads: a PUT can fail where GETs succeed
-(a fresh bucket's first writes may wait for the store to make room), and pausing reads for
-it would send to the source blocks the tier holds, which is what the tier is for. Claims
-pause with fills because a node that cannot fill must not claim: its markers would make other
-nodes wait for blocks it drops. A claim whose request failed may
-still have created its marker (a store that answered too late), and a marker due for deletion
-while the tier is off stays: both are left-overs, deleted by the fill threads once the tier is
-on again, so other nodes do not wait FILL_WAIT on a block this node will never fill. (A claim
-that is only retried, not left over, would find its own marker and take it for another node's.)
+Failure. The tier is a cache: a read (a GET or a marker's HEAD) that fails, after one try
+with `--cluster-timeout`, sends the block to the source and turns the tier off for
+PAUSE_AFTER_ERROR seconds, so a store that is down costs one timeout per pause, not one per
+block. Writes are timed apart from reads: a PUT can be slow where GETs are quick (a fresh
+SeaweedFS bucket's first writes wait for the store to grow its volumes). A block's write (a
+background fill, which no reader waits for) may take FILL_TIMEOUT seconds, and one that still
+fails pauses only fills and claims: pausing reads for it would send to the source blocks the
+tier holds. Claims pause with fills because a node that cannot fill must not claim: its
+markers would make other nodes wait for blocks it drops. A claim blocks a reader, so it keeps
+the read limit, and one that fails pauses only claims: the node reads the source and still
+fills. At mount a fill thread writes (and deletes) a key of its own with the fill limit, so a
+fresh bucket grows before the first epoch's writes; claims wait for that write for at most
+the read limit after the mount, and are skipped (the source read, the block filled) while it
+is still under way. A claim whose request failed may still have created its marker (a store
+that answered too late), and a marker due for deletion while the tier is off or whose delete
+failed stays: all are left-overs, deleted by the fill threads once claims are on again (a
+failed delete pauses claims, as a failed claim does), so other nodes do not wait
+FILL_WAIT on a block this node will never fill. (A claim that is only retried, not left over,
+would find its own marker and take it for another node's.) The tier's requests skip
+botocore's own CRC32 of each block (`ClusterBucket.for_blocks`): the block's CRC32 in its
+metadata is checked here.
 """
 
 from __future__ import annotations
@@ -65,6 +74,9 @@ FILL_WAIT = 10.0
 """Longest wait for a block another node is filling, and the age past which its marker is
 taken for the mark of a node that died."""
 PAUSE_AFTER_ERROR = 5.0
+FILL_TIMEOUT = 30.0
+"""Seconds a block's write (or the mount's first write) may take besides its transfer: no
+reader waits for it, and a fresh bucket's first writes wait for its volumes to be made."""
 _FIRST_POLL = 0.02
 _LAST_POLL = 0.2
 _SIZE = "avafs-size"
@@ -75,15 +87,22 @@ class ClusterTier:
     name = "cluster"
 
     def __init__(self, bucket: ClusterBucket, block_size: int, metrics: Metrics,
-                 fill_memory: int = FILL_MEMORY, fill_wait: float = FILL_WAIT) -> None:
-        self.bucket = bucket
+                 fill_memory: int = FILL_MEMORY, fill_wait: float = FILL_WAIT,
+                 fill_timeout: float = FILL_TIMEOUT) -> None:
+        self.bucket = bucket.for_blocks()
+        self._writer = bucket.for_blocks(fill_timeout)
+        """Fills and the mount's first write, with the longer limit (module docstring)."""
         self.url = bucket.url
         self.block_size = block_size
         self.metrics = metrics
         self.fill_memory = fill_memory
         self.fill_wait = fill_wait
-        bucket.prepare_clients(block_size)
+        self.bucket.prepare_clients(block_size)
+        self._writer.prepare_clients(block_size)
         self._node = socket.gethostname().encode() or b"avafs"
+        self.prepared = threading.Event()
+        """Set once the mount's first write is done (or failed)."""
+        self._prepare_deadline = time.monotonic() + bucket.timeout
         self._lock = threading.Lock()
         self._claimed: set[BlockId] = set()
         self._left_over: set[BlockId] = set()
@@ -92,11 +111,12 @@ class ClusterTier:
         self._fills: queue.Queue[tuple[BlockId, bytes | None] | None] = queue.Queue()
         self._down_until = 0.0
         self._fills_down_until = 0.0
+        self._claims_down_until = 0.0
         self.last_error: str | None = None
         metrics.cluster_fill_queue.set_function(lambda: self.queued_bytes)
         self._lookups = ThreadPoolExecutor(LOOKUP_THREADS, thread_name_prefix="avafs-cluster-get")
-        self._threads = [threading.Thread(target=self._fill_in_background, daemon=True,
-                                          name=f"avafs-cluster-fill-{number}")
+        self._threads = [threading.Thread(target=self._fill_in_background, args=(number == 0,),
+                                          daemon=True, name=f"avafs-cluster-fill-{number}")
                          for number in range(FILL_THREADS)]
         for thread in self._threads:
             thread.start()
@@ -131,9 +151,15 @@ class ClusterTier:
         """Whether blocks are written and claimed (see the module docstring)."""
         return self.reachable and time.monotonic() >= self._fills_down_until
 
+    @property
+    def claiming(self) -> bool:
+        """Whether blocks are claimed before the source is read (see the module docstring)."""
+        return self.filling and time.monotonic() >= self._claims_down_until
+
     def _failed(self, kind: str, error: StoreError) -> None:
         """Count a failed request; one that may pass turns the tier off for a while, or only
-        its fills when it was a block's write ("put")."""
+        its fills and claims when it was a block's write ("put"), or only its claims when it
+        was a marker's ("claim")."""
         self.metrics.cluster_errors.labels(kind).inc()
         self.last_error = str(error)
         if error.permanent:
@@ -143,6 +169,11 @@ class ClusterTier:
                 log.warning("cluster tier: %s; not filling it for %.0f s", error,
                             PAUSE_AFTER_ERROR)
             self._fills_down_until = time.monotonic() + PAUSE_AFTER_ERROR
+        elif kind == "claim":
+            if self.claiming:
+                log.warning("cluster tier: %s; not claiming blocks for %.0f s", error,
+                            PAUSE_AFTER_ERROR)
+            self._claims_down_until = time.monotonic() + PAUSE_AFTER_ERROR
         else:
             if self.reachable:
                 log.warning("cluster tier: %s; reading from the source for %.0f s", error,
@@ -180,9 +211,12 @@ class ClusterTier:
 
     def claim(self, block: BlockId) -> bool:
         """Whether this node is to read the block from the source: it created the block's
-        marker, or the tier's fills are off; False while another node is filling it
-        (`wait_for`)."""
-        if not self.filling:
+        marker, or claims are off or not yet ready (the mount's first write, see the module
+        docstring); False while another node is filling it (`wait_for`)."""
+        if not self.claiming:
+            return True
+        if not (self.prepared.wait(max(0.0, self._prepare_deadline - time.monotonic()))
+                and self.claiming):
             return True
         try:
             won = self.bucket.create_if_absent(self.marker_key(block), self._node)
@@ -288,7 +322,7 @@ class ClusterTier:
 
     def fill_now(self, block: BlockId, data: bytes) -> None:
         """Write a block in this thread (warmup); raises StoreError when the store fails."""
-        self.bucket.put_object(self.block_key(block), data,
+        self._writer.put_object(self.block_key(block), data,
                                {_SIZE: str(len(data)), _CRC: f"{zlib.crc32(data):08x}"})
         self.metrics.cluster_fills.inc()
         self.metrics.cluster_fill_bytes.inc(len(data))
@@ -297,7 +331,22 @@ class ClusterTier:
         """Whether the tier holds the block intact (warmup's check; reads it)."""
         return self._get(block, size) is not None
 
-    def _fill_in_background(self) -> None:
+    def _prepare(self) -> None:
+        """The mount's first write: a key of this node's, written and deleted with the fill
+        limit, so a fresh bucket's volumes are made before the first epoch's writes. Not
+        empty: SeaweedFS makes volumes only for data."""
+        key = f"prepared/{self._node.decode()}"
+        try:
+            self._writer.put_object(key, self._node, {})
+            self._writer.delete(key)
+        except StoreError as error:
+            self._failed("put", error)
+        finally:
+            self.prepared.set()
+
+    def _fill_in_background(self, prepare: bool) -> None:
+        if prepare:
+            self._prepare()
         while True:
             try:
                 item = self._fills.get(timeout=PAUSE_AFTER_ERROR)
@@ -329,26 +378,30 @@ class ClusterTier:
                 log.exception("cluster tier: filling block %d of %s failed", block.index,
                               block.key)
 
-    def _delete_marker(self, block: BlockId) -> None:
-        """Delete the block's marker; kept as a left-over while the tier is off or when the
-        delete fails."""
+    def _delete_marker(self, block: BlockId) -> bool:
+        """Delete the block's marker; False when it is kept as a left-over: the tier is off
+        or the delete failed (which pauses claims)."""
         if self.reachable:
             try:
                 self.bucket.delete(self.marker_key(block))
-                return
+                return True
             except StoreError as error:
                 self._failed("claim", error)
         with self._lock:
             self._left_over.add(block)
+        return False
 
     def _delete_left_overs(self) -> None:
-        """Delete the markers left over while the tier is on (one fill thread's turn)."""
-        while self.reachable:
+        """Delete the markers left over while claims are on (one fill thread's turn); the
+        first that fails ends the turn, so a store that refuses deletes costs one request per
+        turn, not a loop."""
+        while self.claiming:
             with self._lock:
                 if not self._left_over:
                     return
                 block = self._left_over.pop()
-            self._delete_marker(block)
+            if not self._delete_marker(block):
+                return
 
     def close(self) -> None:
         """Write what is queued (each write bounded by the store's timeouts), then stop."""

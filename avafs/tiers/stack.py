@@ -530,7 +530,10 @@ class TierStack:
                     block, self._block_length(ref, block.index),
                     lambda: self._get_block(ref, block.index))
                 source = "store" if from_store else "cluster"
-            self._fetched(block, future, data, to_ram, source=source)
+            # A cluster hit already cost its reader a round trip over the network: its disk
+            # write goes behind the reader, as a stream's blocks do.
+            self._fetched(block, future, data, to_ram, write_behind=source == "cluster",
+                          source=source)
         except BaseException as error:  # noqa: BLE001 - delivered to every waiting reader
             if not future.done():
                 future.set_exception(error)

@@ -11,11 +11,13 @@ fills a block), and the age of a key by the store's clock (nodes' clocks may dis
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from email.utils import parsedate_to_datetime
 from typing import BinaryIO
 
 import boto3
 import botocore.exceptions
+import botocore.session
 
 from ...errors import AvafsError
 from ..base import StoreLimits
@@ -32,10 +34,16 @@ CLUSTER_MIN_RATE = 16 * 2**20
 on the cluster's own network that falls below this is slower than going to the origin."""
 
 
-def cluster_session(profile: str | None) -> boto3.session.Session:
+def cluster_session(profile: str | None, checksums: bool = True) -> boto3.session.Session:
     """Credentials for the cache bucket: AVAFS_CLUSTER_ACCESS_KEY_ID and _SECRET_ACCESS_KEY
     (and _SESSION_TOKEN) from the environment, else the AWS profile `profile`, else the same
-    chain the origin uses (AWS_* variables, ~/.aws, an instance role)."""
+    chain the origin uses (AWS_* variables, ~/.aws, an instance role). Without `checksums`,
+    botocore computes no CRC32 of what it sends and checks none of what it receives (only
+    where S3 requires one): for a caller that checks the bytes itself."""
+    core = botocore.session.Session()
+    if not checksums:
+        core.set_config_variable("request_checksum_calculation", "when_required")
+        core.set_config_variable("response_checksum_validation", "when_required")
     key = os.environ.get(ACCESS_KEY_VARIABLE)
     secret = os.environ.get(SECRET_KEY_VARIABLE)
     if key or secret:
@@ -46,9 +54,10 @@ def cluster_session(profile: str | None) -> boto3.session.Session:
             raise AvafsError(f"both --cluster-profile and {ACCESS_KEY_VARIABLE} are set: "
                              "keep one")
         return boto3.session.Session(aws_access_key_id=key, aws_secret_access_key=secret,
-                                     aws_session_token=os.environ.get(TOKEN_VARIABLE))
+                                     aws_session_token=os.environ.get(TOKEN_VARIABLE),
+                                     botocore_session=core)
     try:
-        return boto3.session.Session(profile_name=profile)
+        return boto3.session.Session(profile_name=profile, botocore_session=core)
     except botocore.exceptions.ProfileNotFound:
         raise AvafsError(f"AWS profile {profile!r} not found: check --cluster-profile and "
                          "~/.aws/config") from None
@@ -56,11 +65,27 @@ def cluster_session(profile: str | None) -> boto3.session.Session:
 
 class ClusterBucket(S3Store):
     def __init__(self, bucket: str, prefix: str, endpoint_url: str | None,
-                 profile: str | None, limits: StoreLimits) -> None:
+                 profile: str | None, limits: StoreLimits, checksums: bool = True) -> None:
         """One try per request (attempts=1): the tier is a cache, and the origin is the
-        retry of a cache request that failed."""
+        retry of a cache request that failed. `checksums`: see `cluster_session`."""
         super().__init__(bucket, prefix, endpoint_url, None, max_connections=32, limits=limits,
-                         session=cluster_session(profile), attempts=1)
+                         session=cluster_session(profile, checksums), attempts=1)
+        self._endpoint_url = endpoint_url
+        self._profile = profile
+
+    @property
+    def timeout(self) -> float:
+        """Seconds a request without data may take before it is abandoned."""
+        return self._limits.timeout
+
+    def for_blocks(self, timeout: float | None = None) -> ClusterBucket:
+        """The same bucket with clients of its own for blocks whose bytes the caller checks
+        (the cluster tier's CRC32 in each block's metadata), so botocore does not compute a
+        second CRC32 of every block sent and received; its requests may take `timeout`
+        seconds (default: this bucket's) plus the transfer."""
+        limits = self._limits if timeout is None else replace(self._limits, timeout=timeout)
+        return ClusterBucket(self.bucket, self.prefix, self._endpoint_url, self._profile,
+                             limits, checksums=False)
 
     def prepare_clients(self, largest: int) -> None:
         """Create now the client of every size class up to a `largest`-byte block: creating
