@@ -107,11 +107,12 @@ class Filesystem:
         }
         for store in self.stores.values():
             store.check()
-        ram = RamTier(options.ram_cache, options.ram_cache_files, options.high_watermark,
-                      options.low_watermark)
         disk = DiskTier(options.cache_dir / DISK_TIER_DIR, options.disk_cache, options.disk_cache_files,
                         options.high_watermark, options.low_watermark, options.cache_policy,
                         KEEP_LOCATIONS_FOR)
+        ram = RamTier(options.ram_cache, options.ram_cache_files, options.high_watermark,
+                      options.low_watermark, options.cache_policy, disk.__contains__,
+                      KEEP_LOCATIONS_FOR)
         self.stack = TierStack(ram, disk, options.block_size, options.inflight_memory,
                                self.metrics, options.read_ahead, self._cluster_tier())
         self.writeback: WriteBack | None = None

@@ -1,7 +1,8 @@
 """The disk tier's `dataset` policy (avafs/tiers/frequency.py), on a real DiskTier.
 
 Shuffled epochs over a dataset twice the tier: LRU thrashes (a block read late in one epoch is
-gone before its turn in the next); the policy keeps serving the tier's share. Property tests:
+gone before its turn in the next); the policy keeps serving the tier's share, and the RAM
+tier's policy (avafs/tiers/ram_window.py) adds a share of its own. Property tests:
 whatever the reads, demotions, pins and reservations, the caps hold and pinned blocks (being
 written) and the space reserved for dirty data are never taken.
 """
@@ -23,6 +24,8 @@ from rocksdict import Options, Rdict
 from avafs.objects import BlockId, allocated
 from avafs.tiers.disk import DiskTier
 from avafs.tiers.frequency import FrequencyCache
+from avafs.tiers.ram import RamTier
+from avafs.tiers.ram_window import WINDOW_SHARE
 
 BLOCK = 4096
 TIER_BLOCKS = 50
@@ -250,3 +253,72 @@ def _check_caps(tier: DiskTier, operations: list[tuple[str, int, int]]) -> None:
                       for path in (tier.root / "blocks").rglob("*") if path.is_file())
         assert on_disk == tier.used
     tier.close()
+
+
+def _ram(policy: str, held_below: set[BlockId], blocks: int = TIER_BLOCKS) -> RamTier:
+    """A RAM tier of `blocks` blocks whose clock moves a period on at every look."""
+    return RamTier(blocks * BLOCK, 10_000, 0.9, 0.75, policy, held_below.__contains__, 1.0,
+                   itertools.count().__next__)
+
+
+def _ram_epoch(ram: RamTier, samples: int, seed: int,
+               on_disk: frozenset[BlockId] = frozenset()) -> float:
+    """Reads every sample once, shuffled; the ratio of hits on samples not `on_disk`."""
+    order = list(range(samples))
+    random.Random(seed).shuffle(order)
+    hits = 0
+    for index in order:
+        if ram.get(_block(index)) is not None:
+            hits += _block(index) not in on_disk
+        else:
+            ram.put(_block(index), bytes([index % 251]) * BLOCK)
+        assert ram.used <= ram.capacity and len(ram) == len(ram.blocks())
+    return hits / samples
+
+
+@pytest.mark.parametrize("policy", ["dataset", "lru"])
+def test_ram_keeps_a_share_of_what_the_disk_tier_does_not_hold(policy):
+    """A dataset four times the RAM tier, half of it on the disk tier: under the dataset
+    policy RAM's main part keeps blocks of the other half, epoch after epoch (hits on blocks
+    the disk tier holds add nothing); LRU thrashes."""
+    samples = 4 * TIER_BLOCKS
+    on_disk = frozenset(_block(index) for index in range(0, samples, 2))
+    ram = _ram(policy, set(on_disk))
+    main_share = int(TIER_BLOCKS * (1 - WINDOW_SHARE) * 0.9) / samples
+    ratios = [_ram_epoch(ram, samples, seed, on_disk) for seed in range(5)]
+    if policy == "lru":
+        assert max(ratios[1:]) < 0.5 * main_share
+    else:
+        assert min(ratios[1:]) >= 0.9 * main_share
+
+
+def test_ram_serves_a_working_set_that_fits_whole():
+    ram = _ram("dataset", set())
+    samples = int(TIER_BLOCKS * 0.8)
+    _ram_epoch(ram, samples, 0)
+    assert [_ram_epoch(ram, samples, seed) for seed in range(1, 3)] == [1.0, 1.0]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["read", "below", "discard", "evict"]),
+                          st.integers(0, 40), st.integers(1, 3 * BLOCK)), max_size=200),
+       st.integers(2, 20), st.integers(2, 40))
+def test_ram_caps_hold_and_accounting_matches(operations, capacity_blocks, capacity_entries):
+    on_disk: set[BlockId] = set()
+    ram = RamTier(capacity_blocks * BLOCK, capacity_entries, 0.9, 0.75, "dataset",
+                  on_disk.__contains__, 1.0, itertools.count().__next__)
+    for operation, key, size in operations:
+        block = _block(key)
+        if operation == "read":
+            if ram.get(block) is None:
+                left = ram.put(block, b"d" * size)
+                assert all(victim not in ram for victim, _ in left)
+        elif operation == "below":
+            on_disk.add(block)
+        elif operation == "discard":
+            ram.discard([block])
+        elif ram.above_high_watermark():
+            ram.evict_to_low_watermark()
+        assert ram.used <= ram.capacity
+        assert len(ram) <= capacity_entries
+        assert ram.used == sum(len(ram.get(held) or b"") for held in ram.blocks())

@@ -117,7 +117,7 @@ class FrequencyCache(CappedLRU):
     def touch(self, key: Hashable) -> bool:
         if not super().touch(key):
             return False
-        if self._note_read(key):
+        if self.count_read(key):
             self._place(key, min(MAX_COUNT, self._reads[key] + 1))
         return True
 
@@ -140,7 +140,7 @@ class FrequencyCache(CappedLRU):
         offered without a read (demoted from RAM): only reads count towards a history."""
         history = self._sketch.estimate(key)
         if read:
-            self._note_read(key)
+            self.count_read(key)
         if self._room_under_high_watermark(size):
             return True
         victims = self.victims_to_admit(size)
@@ -174,7 +174,7 @@ class FrequencyCache(CappedLRU):
                 excess_entries -= 1
         return victims
 
-    def _note_read(self, key: Hashable) -> bool:
+    def count_read(self, key: Hashable) -> bool:
         """Counts a read unless the key counted in this period already; True if counted."""
         if not self._sketch.record(key, int(self._clock() // self._recount_after)):
             return False
