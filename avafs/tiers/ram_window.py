@@ -20,7 +20,7 @@ Not thread-safe: the RAM tier calls it under its own lock.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 
 from .frequency import FrequencyCache
 from .lru import CappedLRU
@@ -54,13 +54,6 @@ class WindowedFrequencyCache:
 
     def __len__(self) -> int:
         return len(self._window) + len(self._main)
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._window or key in self._main
-
-    def __iter__(self) -> Iterator[Hashable]:
-        yield from self._main
-        yield from self._window
 
     def fits(self, size: int) -> bool:
         return self._window.fits(size)
