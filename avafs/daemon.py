@@ -39,7 +39,7 @@ from .control.socket import SOCKET_NAME, ControlServer, Progress
 from .control.status import RecentErrors, build_status
 from .errors import NEW_OBJECTS_HINT, AvafsError
 from .fuse_ops import AvafsOperations
-from .host.mounts import AVAFS_FSTYPE, mount_at
+from .host.mounts import AVAFS_FSTYPE, device_mounted, mount_at, wait_until_unmounted
 from .log_format import EscapingFormatter
 from .metrics import Metrics
 from .namespace import Namespace
@@ -107,11 +107,12 @@ class Filesystem:
         }
         for store in self.stores.values():
             store.check()
-        ram = RamTier(options.ram_cache, options.ram_cache_files, options.high_watermark,
-                      options.low_watermark)
         disk = DiskTier(options.cache_dir / DISK_TIER_DIR, options.disk_cache, options.disk_cache_files,
                         options.high_watermark, options.low_watermark, options.cache_policy,
                         KEEP_LOCATIONS_FOR)
+        ram = RamTier(options.ram_cache, options.ram_cache_files, options.high_watermark,
+                      options.low_watermark, options.cache_policy, disk.__contains__,
+                      KEEP_LOCATIONS_FOR)
         self.stack = TierStack(ram, disk, options.block_size, options.inflight_memory,
                                self.metrics, options.read_ahead, self._cluster_tier())
         self.writeback: WriteBack | None = None
@@ -337,8 +338,12 @@ def serve(options: MountOptions, mountpoint: Path, ready_fd: int | None) -> int:
         (options.cache_dir / PID_FILE).write_text(f"{os.getpid()}\n")
         log.info("mounted %s at %s (pid %d)", ", ".join(options.sources.values()), mountpoint,
                  os.getpid())
-        signalled = trio.run(_serve_until_done, ready_fd, mountpoint, options.block_size)
-        pyfuse3.close(unmount=signalled)
+        entry = mount_at(mountpoint)
+        device = entry.device if entry is not None and entry.fstype == AVAFS_FSTYPE else None
+        signalled = trio.run(_serve_until_done, ready_fd, mountpoint, options.block_size, device)
+        # A signal after the mount left this namespace must not unmount whatever is at the
+        # path by now (libfuse would detach it lazily, by name).
+        pyfuse3.close(unmount=signalled and (device is None or device_mounted(device)))
         log.info("unmounted %s", mountpoint)
     return 0
 
@@ -362,11 +367,19 @@ def widen_kernel_read_ahead(mountpoint: Path, size: int) -> None:
         log.info("kernel read-ahead left at its default (%s: %s)", knob, error.strerror)
 
 
-async def _serve_until_done(ready_fd: int | None, mountpoint: Path, block_size: int) -> bool:
-    """Serve requests; True if a signal ended the mount (so it is still mounted).
+async def _serve_until_done(ready_fd: int | None, mountpoint: Path, block_size: int,
+                            device: str | None) -> bool:
+    """Serve requests; True if a signal ended the mount (so it may still be mounted).
 
     Ready is reported once the mount has answered a request of our own, so the INIT exchange
-    is over and the mount command returns a mount that works."""
+    is over and the mount command returns a mount that works.
+
+    The session also ends once no mount of `device` (this mount and its bind mounts) is left
+    in the daemon's mount namespace. The kernel ends it only when the last copy of the mount
+    goes, and a mount namespace made while it was mounted (`unshare --mount`, a service with
+    a private /tmp) keeps a copy for as long as it lives: `avafs umount` would wait for that
+    namespace, and the daemon, still holding the cache dir's lock, would keep a remount out.
+    Such copies lose the mount (ENOTCONN) instead."""
     import pyfuse3
 
     signalled = False
@@ -390,9 +403,17 @@ async def _serve_until_done(ready_fd: int | None, mountpoint: Path, block_size: 
             widen_kernel_read_ahead(mountpoint, block_size)
         _report(ready_fd, "ready")
 
+    async def stop_once_unmounted_here(device: str) -> None:
+        await trio.to_thread.run_sync(wait_until_unmounted, device, cancellable=True)
+        log.info("%s is no longer mounted in this mount namespace; ending the session",
+                 mountpoint)
+        pyfuse3.terminate()
+
     async with trio.open_nursery() as nursery:
         await nursery.start(stop_on_signal)
         nursery.start_soon(report_ready_once_answering)
+        if device is not None:
+            nursery.start_soon(stop_once_unmounted_here, device)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
     return signalled

@@ -10,7 +10,8 @@ order for all: `AvaShuffleSampler`, seed 0), from a cold cache of `--disk-cache`
 the page cache dropped before every epoch (`echo 3 > /proc/sys/vm/drop_caches`: run as root).
 Prints, per epoch, the hit ratio, 1 - (bytes the store sent) / (dataset bytes), counted by a
 TCP proxy in front of moto's S3 server (the tests' fault proxy, passing everything), so that every system is measured alike, prefetches
-included; and samples per second. With `--runs N`, medians of N runs.
+included; and samples per second. With `--runs N`, medians of N runs, the systems taking
+turns run after run; a run that fails is reported and left out of the medians.
 
 Systems: avafs with `--cache-policy lru` (before issue 27), with `--cache-policy dataset`,
 and with `dataset` plus the adapters' `cache_aware=True`; rclone mount (`--vfs-cache-mode
@@ -157,6 +158,16 @@ def run(system: str, case: Case, server: MotoServer, proxy: FaultProxy, work: Pa
         shutil.rmtree(cache, ignore_errors=True)
 
 
+def _row(label: str, runs: list[list[tuple[float, float, int]]], count: int) -> str:
+    """A table row: per epoch, the medians over `runs` of hit ratio / samples/s / MiB."""
+    cells = []
+    for epoch in range(count):
+        hit, rate, used = (median([result[epoch][field] for result in runs])
+                           for field in range(3))
+        cells.append(f"{hit:.2f} / {rate:.0f} / {used / MiB:.0f}")
+    return f"{label:<15}" + "".join(f"{cell:>24}" for cell in cells)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--disk-cache", default="64MiB")
@@ -188,19 +199,23 @@ def main() -> int:
                   f"{disk_cache / (case.files * case.size):.2f}")
             print(f"{'system':<15}" + "".join(f"{'epoch ' + str(e + 1):>24}"
                                               for e in range(args.epochs)))
-            for system in systems:
-                try:
-                    runs = [run(system, case, server, proxy, work, disk_cache, args.epochs)
-                            for _ in range(args.runs)]
-                except RuntimeError as error:
-                    print(f"{system:<15} failed: {error}", flush=True)
-                    continue
-                cells = []
-                for epoch in range(args.epochs):
-                    hit, rate, used = (median([result[epoch][field] for result in runs])
-                                       for field in range(3))
-                    cells.append(f"{hit:.2f} / {rate:.0f} / {used / MiB:.0f}")
-                print(f"{system:<15}" + "".join(f"{cell:>24}" for cell in cells), flush=True)
+            results: dict[str, list[list[tuple[float, float, int]]]] = {s: [] for s in systems}
+            for number in range(1, args.runs + 1):  # interleaved: a change of load hits all
+                for system in systems:
+                    try:
+                        results[system].append(run(system, case, server, proxy, work,
+                                                   disk_cache, args.epochs))
+                    except RuntimeError as error:
+                        print(f"{system:<15} failed: {error}", flush=True)
+                        continue
+                    if args.runs > 1:
+                        print(_row(f"{system} #{number}", results[system][-1:], args.epochs),
+                              flush=True)
+            if args.runs > 1:
+                print("medians:")
+            for system, runs in results.items():
+                if runs:
+                    print(_row(system, runs, args.epochs), flush=True)
     finally:
         unmount_everything()
         proxy.close()

@@ -400,8 +400,11 @@ class JuicefsMount(Mount):
             self.unmount()
 
     def _mount(self, cache_dir: Path) -> None:
+        """With `cache_size`, the bound alone limits the cache: a free-space ratio of 0 is
+        taken as unset (the default 10%), and on a disk with less free JuiceFS caches nothing
+        ("not enough space ... for caching" in its log), so 1% is asked for."""
         bound = [] if self.cache_size is None else [
-            "--cache-size", str(self.cache_size // 2**20), "--free-space-ratio", "0"]
+            "--cache-size", str(self.cache_size // 2**20), "--free-space-ratio", "0.01"]
         run_checked([self.binary, "mount", "-d", "--no-usage-report", "--cache-dir",
                      str(cache_dir), "--log", str(cache_dir.parent / f"{cache_dir.name}.log"),
                      *bound, self.meta, str(self.mountpoint)])

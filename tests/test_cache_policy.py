@@ -1,7 +1,8 @@
 """The disk tier's `dataset` policy (avafs/tiers/frequency.py), on a real DiskTier.
 
 Shuffled epochs over a dataset twice the tier: LRU thrashes (a block read late in one epoch is
-gone before its turn in the next); the policy keeps serving the tier's share. Property tests:
+gone before its turn in the next); the policy keeps serving the tier's share, and the RAM
+tier's policy (avafs/tiers/ram_window.py) adds a share of its own. Property tests:
 whatever the reads, demotions, pins and reservations, the caps hold and pinned blocks (being
 written) and the space reserved for dirty data are never taken.
 """
@@ -23,6 +24,8 @@ from rocksdict import Options, Rdict
 from avafs.objects import BlockId, allocated
 from avafs.tiers.disk import DiskTier
 from avafs.tiers.frequency import FrequencyCache
+from avafs.tiers.ram import RamTier
+from avafs.tiers.ram_window import WINDOW_SHARE
 
 BLOCK = 4096
 TIER_BLOCKS = 50
@@ -74,6 +77,32 @@ def test_shuffled_epochs_over_twice_the_tier_hit_its_share(tmp_path, policy, lea
         assert min(ratios[1:]) >= least * share
 
 
+def test_period_boundaries_within_epochs_do_not_churn_the_residents(tmp_path):
+    """Epochs shorter than a period, some straddling a boundary: blocks read after it count
+    one more than residents not reached yet (two, once offered again on demotion from RAM),
+    and must not displace them, or such an epoch loses a share of its hits."""
+    samples = 2 * TIER_BLOCKS
+    now = [0.5]
+    tier = _tier(tmp_path, "dataset", clock=lambda: now[0])
+    share = int(TIER_BLOCKS * 0.9) / samples
+    ratios = []
+    for seed in range(10):
+        order = list(range(samples))
+        random.Random(seed).shuffle(order)
+        hits = 0
+        for index in order:
+            now[0] += 0.3 / samples
+            block = _block(index)
+            if tier.get(block) is not None:
+                hits += 1
+                continue
+            tier.put(block, bytes([index % 251]) * BLOCK)
+            tier.put(block, bytes([index % 251]) * BLOCK, read=False)  # demoted from RAM
+        ratios.append(hits / samples)
+    tier.close()
+    assert min(ratios[1:]) >= share
+
+
 def test_a_working_set_that_fits_is_cached_whole(tmp_path):
     tier = _tier(tmp_path, "dataset")
     samples = int(TIER_BLOCKS * 0.8)
@@ -88,7 +117,7 @@ def test_a_new_dataset_read_more_often_replaces_an_old_one(tmp_path):
     for block in old:
         tier.put(block, b"o" * BLOCK)
     new = [BlockId("file:///bucket", f"new-{index}", "etag", 0) for index in range(TIER_BLOCKS)]
-    for _ in range(3):
+    for _ in range(5):  # the old blocks were read once: the new need three reads more
         for block in new:
             if tier.get(block) is None:
                 tier.put(block, b"n" * BLOCK)
@@ -102,10 +131,10 @@ def test_demoted_blocks_do_not_count_as_reads(tmp_path):
     for _ in range(5):  # offered again and again by the RAM tier, never read from the store
         tier.put(newcomer, b"n" * BLOCK, read=False)
     assert newcomer not in tier
-    tier.put(newcomer, b"n" * BLOCK)  # its first read: no history at all
-    tier.put(newcomer, b"n" * BLOCK)  # a second: read before as often as the residents were
-    assert newcomer not in tier
-    tier.put(newcomer, b"n" * BLOCK)  # a third: read before more often than they were
+    for _ in range(4):  # read before as often as the residents were, up to two times more
+        tier.put(newcomer, b"n" * BLOCK)
+        assert newcomer not in tier
+    tier.put(newcomer, b"n" * BLOCK)  # a fifth read: read before three times more than they
     assert newcomer in tier
     tier.close()
 
@@ -118,7 +147,7 @@ def test_reads_within_one_period_count_once(tmp_path):
     for _ in range(5):
         tier.put(_block(100), b"n" * BLOCK)
     assert _block(100) not in tier
-    for _ in range(2):
+    for _ in range(4):
         now[0] += 1.0
         tier.put(_block(100), b"n" * BLOCK)
     assert _block(100) in tier
@@ -224,3 +253,72 @@ def _check_caps(tier: DiskTier, operations: list[tuple[str, int, int]]) -> None:
                       for path in (tier.root / "blocks").rglob("*") if path.is_file())
         assert on_disk == tier.used
     tier.close()
+
+
+def _ram(policy: str, held_below: set[BlockId], blocks: int = TIER_BLOCKS) -> RamTier:
+    """A RAM tier of `blocks` blocks whose clock moves a period on at every look."""
+    return RamTier(blocks * BLOCK, 10_000, 0.9, 0.75, policy, held_below.__contains__, 1.0,
+                   itertools.count().__next__)
+
+
+def _ram_epoch(ram: RamTier, samples: int, seed: int,
+               on_disk: frozenset[BlockId] = frozenset()) -> float:
+    """Reads every sample once, shuffled; the ratio of hits on samples not `on_disk`."""
+    order = list(range(samples))
+    random.Random(seed).shuffle(order)
+    hits = 0
+    for index in order:
+        if ram.get(_block(index)) is not None:
+            hits += _block(index) not in on_disk
+        else:
+            ram.put(_block(index), bytes([index % 251]) * BLOCK)
+        assert ram.used <= ram.capacity and len(ram) == len(ram.blocks())
+    return hits / samples
+
+
+@pytest.mark.parametrize("policy", ["dataset", "lru"])
+def test_ram_keeps_a_share_of_what_the_disk_tier_does_not_hold(policy):
+    """A dataset four times the RAM tier, half of it on the disk tier: under the dataset
+    policy RAM's main part keeps blocks of the other half, epoch after epoch (hits on blocks
+    the disk tier holds add nothing); LRU thrashes."""
+    samples = 4 * TIER_BLOCKS
+    on_disk = frozenset(_block(index) for index in range(0, samples, 2))
+    ram = _ram(policy, set(on_disk))
+    main_share = int(TIER_BLOCKS * (1 - WINDOW_SHARE) * 0.9) / samples
+    ratios = [_ram_epoch(ram, samples, seed, on_disk) for seed in range(5)]
+    if policy == "lru":
+        assert max(ratios[1:]) < 0.5 * main_share
+    else:
+        assert min(ratios[1:]) >= 0.9 * main_share
+
+
+def test_ram_serves_a_working_set_that_fits_whole():
+    ram = _ram("dataset", set())
+    samples = int(TIER_BLOCKS * 0.8)
+    _ram_epoch(ram, samples, 0)
+    assert [_ram_epoch(ram, samples, seed) for seed in range(1, 3)] == [1.0, 1.0]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["read", "below", "discard", "evict"]),
+                          st.integers(0, 40), st.integers(1, 3 * BLOCK)), max_size=200),
+       st.integers(2, 20), st.integers(2, 40))
+def test_ram_caps_hold_and_accounting_matches(operations, capacity_blocks, capacity_entries):
+    on_disk: set[BlockId] = set()
+    ram = RamTier(capacity_blocks * BLOCK, capacity_entries, 0.9, 0.75, "dataset",
+                  on_disk.__contains__, 1.0, itertools.count().__next__)
+    for operation, key, size in operations:
+        block = _block(key)
+        if operation == "read":
+            if ram.get(block) is None:
+                left = ram.put(block, b"d" * size)
+                assert all(victim not in ram for victim, _ in left)
+        elif operation == "below":
+            on_disk.add(block)
+        elif operation == "discard":
+            ram.discard([block])
+        elif ram.above_high_watermark():
+            ram.evict_to_low_watermark()
+        assert ram.used <= ram.capacity
+        assert len(ram) <= capacity_entries
+        assert ram.used == sum(len(ram.get(held) or b"") for held in ram.blocks())

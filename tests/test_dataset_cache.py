@@ -66,9 +66,9 @@ def _epochs(mountpoint: Path, names: list[str], epochs: range) -> float:
     return hits / (hits + misses)
 
 
-def _mount_dataset(mount, bucket: Path, policy: str) -> Path:
+def _mount_dataset(mount, bucket: Path, policy: str, ram_cache: int = 0) -> Path:
     return mount(bucket.as_uri(), "--cache-policy", policy, "--disk-cache", str(DISK_CACHE),
-                 "--block-size", str(BLOCK_SIZE), "--ram-cache", "0", "--read-only")
+                 "--block-size", str(BLOCK_SIZE), "--ram-cache", str(ram_cache), "--read-only")
 
 
 def test_shuffled_epochs_over_twice_the_tier_hit_its_share(mount, local_bucket):
@@ -89,3 +89,15 @@ def test_a_working_set_that_fits_is_served_whole_from_the_cache(mount, local_buc
     mountpoint = _mount_dataset(mount, local_bucket, "dataset")
     _epochs(mountpoint, names, range(1))
     assert _epochs(mountpoint, names, range(1, 3)) == 1.0
+
+
+def test_the_ram_tier_adds_a_share_the_disk_tier_does_not_hold(mount, local_bucket):
+    """A dataset four times the disk tier, with a RAM tier as large: the disk tier keeps its
+    high watermark's worth, and RAM's main part (half of it, to its high watermark) keeps as
+    much again of other samples, so more than the disk tier's share hits."""
+    names = _dataset(local_bucket, 4 * DISK_CACHE // FILE_SIZE)
+    mountpoint = _mount_dataset(mount, local_bucket, "dataset", ram_cache=DISK_CACHE)
+    _epochs(mountpoint, names, range(1))
+    kept = 0.9 * DISK_CACHE + 0.9 * DISK_CACHE / 2
+    assert _epochs(mountpoint, names, range(1, 4)) >= 0.9 * kept / (len(names) * FILE_SIZE)
+    assert _status(mountpoint)["tiers"]["ram"]["policy"] == "dataset"

@@ -192,8 +192,9 @@ MOUNT_OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("low_watermark", _fraction, 0.75,
                "usage fraction background eviction stops at (default 0.75)", metavar="F"),
     OptionSpec("cache_policy", _choice("lru", "dataset"), "lru",
-               "disk tier policy: lru, or dataset (keeps the blocks read most often, for datasets "
-               "larger than the tier read in shuffled epochs; default lru)", metavar="POLICY"),
+               "disk and RAM tier policy: lru, or dataset (keeps the blocks read most often, for "
+               "datasets larger than the tiers read in shuffled epochs; default lru)",
+               metavar="POLICY"),
     OptionSpec("read_ahead", _count, 8,
                "blocks streamed ahead of a sequential reader; the window doubles while it stays "
                "sequential (default 8; 0 disables)", metavar="N"),

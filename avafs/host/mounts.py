@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +58,27 @@ def mount_table() -> list[MountEntry]:
                 mount_point=_unescape(fields[4]), options=tuple(fields[5].split(",")),
                 fstype=fields[separator + 1], source=_unescape(fields[separator + 2])))
     return entries
+
+
+def device_mounted(device: str) -> bool:
+    """Whether any mount of `device` (a filesystem, any of its bind mounts) is in this
+    process's mount namespace."""
+    return any(entry.device == device for entry in mount_table())
+
+
+def wait_until_unmounted(device: str) -> None:
+    """Returns once no mount of `device` is left in this process's mount namespace. Sleeps in
+    poll(2) on /proc/self/mountinfo, which the kernel wakes at every change of the namespace's
+    mounts; the file is opened before the table is read, so a change in between still wakes
+    the poll."""
+    descriptor = os.open("/proc/self/mountinfo", os.O_RDONLY)
+    try:
+        poller = select.poll()
+        poller.register(descriptor, select.POLLPRI)
+        while device_mounted(device):
+            poller.poll()
+    finally:
+        os.close(descriptor)
 
 
 def normalize(path: str | os.PathLike[str]) -> str:

@@ -10,14 +10,19 @@ How (after TinyLFU): a count-min sketch of small counters remembers how often ev
 read, cached or not (`FrequencySketch`). Each resident carries its own count of reads (the
 sketch's estimate when it came in, plus one for each hit). While the tier has room under its
 high watermark every block is admitted, as under LRU, so a working set that fits is cached
-whole. Past it a newcomer gets in only if it had been read more often before this read than
-every resident it would replace: in a shuffled pass every block is read once, so residents not
-reached yet in the current pass trail the newcomer by one and are not displaced; a newcomer
-read twice more than a resident (a dataset that replaced another, a hot file) takes its place.
-Victims are the residents with the fewest reads, the least recently used among equals, and an
-admission past the high watermark evicts down to it, so background eviction does not churn a
-share of the residents on every pass. Counts are halved every `AGING_PERIOD` reads per
-resident, so blocks that stop being read lose their place.
+whole. Past it a newcomer gets in only if it had been read, before this read, in more than
+`SCAN_SKEW` periods more than every resident it would replace (periods: see below). In
+shuffled passes shorter than a period every block is read in every period, yet two blocks'
+counts can differ by two: one for the first period, which a pass may straddle (blocks read
+before its end count in it, the others do not), one for the current period (a block read in
+it already counts it, a resident not reached yet does not). A newcomer one or two counts ahead is such a block, and
+letting it in would evict a resident about to be read: at every period boundary a share of
+the residents would churn. A newcomer read in three periods more than a resident (a dataset
+that replaced another, a hot file) takes its place. Victims are the residents with the fewest
+reads, the least recently used among equals, and an admission past the high watermark evicts
+down to it, so background eviction does not churn a share of the residents on every pass.
+Counts are halved every `AGING_PERIOD` reads per resident, so blocks that stop being read lose
+their place.
 
 A block's reads count at most once per `recount_after` seconds (the file reads' in-place
 answer lifetime): a reader may read a resident's block file in place for that long without
@@ -39,6 +44,8 @@ ROWS = 4
 MAX_COUNT = 255
 AGING_PERIOD = 10
 """Reads per resident between two halvings of every count (TinyLFU's sample size)."""
+SCAN_SKEW = 2
+"""How many more periods two blocks of one shuffled scan can have been read in (above)."""
 MIN_WIDTH = 1024
 _HALVED = bytes(count >> 1 for count in range(256))
 
@@ -110,7 +117,7 @@ class FrequencyCache(CappedLRU):
     def touch(self, key: Hashable) -> bool:
         if not super().touch(key):
             return False
-        if self._note_read(key):
+        if self.count_read(key):
             self._place(key, min(MAX_COUNT, self._reads[key] + 1))
         return True
 
@@ -133,14 +140,14 @@ class FrequencyCache(CappedLRU):
         offered without a read (demoted from RAM): only reads count towards a history."""
         history = self._sketch.estimate(key)
         if read:
-            self._note_read(key)
+            self.count_read(key)
         if self._room_under_high_watermark(size):
             return True
         victims = self.victims_to_admit(size)
         freed = sum(self._sizes[victim] for victim in victims)
         return (self.used_bytes - freed + size <= self.capacity_bytes
                 and len(self) - len(victims) < self.capacity_entries
-                and all(history > self._reads[victim] for victim in victims))
+                and all(history > self._reads[victim] + SCAN_SKEW for victim in victims))
 
     def victims_to_admit(self, size: int) -> list[Hashable]:
         """Least-read residents to drop so `size` more bytes and one entry fit under the high
@@ -167,7 +174,7 @@ class FrequencyCache(CappedLRU):
                 excess_entries -= 1
         return victims
 
-    def _note_read(self, key: Hashable) -> bool:
+    def count_read(self, key: Hashable) -> bool:
         """Counts a read unless the key counted in this period already; True if counted."""
         if not self._sketch.record(key, int(self._clock() // self._recount_after)):
             return False

@@ -71,6 +71,15 @@ class CappedLRU:
     def fits(self, size: int) -> bool:
         return size <= self.capacity_bytes
 
+    def insert(self, key: Hashable, size: int) -> list[Hashable]:
+        """Adds `key`, dropping the coldest entries to make room (pinned ones aside); returns
+        them. For tiers that drop at once (RAM), where nothing is written in between."""
+        victims = self.victims_to_admit(size)
+        for victim in victims:
+            self.discard(victim)
+        self.add(key, size)
+        return victims
+
     def victims_to_admit(self, size: int) -> list[Hashable]:
         """Coldest unpinned entries to drop so that `size` more bytes and one entry fit."""
         return self._coldest(self.capacity_bytes - size, self.capacity_entries - 1)

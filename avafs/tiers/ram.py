@@ -1,20 +1,38 @@
-"""The RAM tier: immutable `bytes` blocks, LRU, hard-capped in bytes and blocks."""
+"""The RAM tier: immutable `bytes` blocks, hard-capped in bytes and blocks; least recently used,
+or under the `dataset` policy a window and a main part that holds what the disk tier does not
+(`ram_window.py`)."""
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 
 from ..objects import BlockId
 from .lru import CappedLRU, TierAccounting
+from .ram_window import WindowedFrequencyCache
 
 
 class RamTier(TierAccounting):
     name = "ram"
 
-    def __init__(self, capacity: int, capacity_blocks: int, high: float, low: float) -> None:
+    def __init__(self, capacity: int, capacity_blocks: int, high: float, low: float,
+                 policy: str = "lru", held_below: Callable[[BlockId], bool] | None = None,
+                 recount_after: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`policy`: "lru", or "dataset", whose main part keeps only blocks for which
+        `held_below` (the disk tier holds it) is false, counting reads once per
+        `recount_after` seconds of `clock` as the disk tier does."""
         self._lock = threading.Lock()
         self._blocks: dict[BlockId, bytes] = {}
-        self._lru = CappedLRU(capacity, capacity_blocks, high, low)
+        self._lru: CappedLRU | WindowedFrequencyCache
+        if policy == "dataset":
+            if held_below is None:
+                raise ValueError("the RAM tier's dataset policy needs the disk tier's held_below")
+            self._lru = WindowedFrequencyCache(capacity, capacity_blocks, high, low,
+                                               recount_after, clock, held_below)
+        else:
+            self._lru = CappedLRU(capacity, capacity_blocks, high, low)
 
     @property
     def capacity(self) -> int:
@@ -35,9 +53,10 @@ class RamTier(TierAccounting):
         with self._lock:
             if not self._lru.fits(len(data)):
                 return []
-            evicted = self._drop(self._lru.victims_to_admit(len(data)))
+            self._blocks.pop(block, None)
+            evicted = [(victim, self._blocks.pop(victim))
+                       for victim in self._lru.insert(block, len(data))]
             self._blocks[block] = data
-            self._lru.add(block, len(data))
             return evicted
 
     def evict_to_low_watermark(self) -> list[tuple[BlockId, bytes]]:
