@@ -13,6 +13,9 @@ no kept-alive connection slips past it):
   (one round trip per request).
 - "503" (any 5xx code as text): answer every request with that status and an S3 error body.
 - "cut": relay the request, then only the first CUT_AFTER bytes of the answer, then close.
+- "trickle": relay requests and the answer's headers, then its body TRICKLE_BYTES bytes each
+  second (a store that keeps a connection alive without ever finishing an answer: every socket
+  read gets a byte before its timeout).
 
 `faults` counts the connections a fault was injected on (refused connects are not seen);
 `sent_upstream` the bytes relayed to the server (requests and uploaded data),
@@ -29,7 +32,10 @@ import time
 
 CUT_AFTER = 16 * 1024
 """Bytes of a response (headers included) relayed in "cut" mode before the connection drops."""
+TRICKLE_BYTES = 4
+"""Bytes of an answer's body relayed per second in "trickle" mode."""
 _CHUNK = 1 << 16
+_HEADERS_END = b"\r\n\r\n"
 
 
 class FaultProxy:
@@ -60,7 +66,7 @@ class FaultProxy:
     def mode(self, mode: str) -> None:
         with self._lock:
             self._mode = mode
-            if mode not in ("pass", "hang", "slow", "link"):
+            if mode not in ("pass", "hang", "slow", "link", "trickle"):
                 for connection in self._relayed:
                     _reset(connection)
             if mode == "refuse":
@@ -174,6 +180,9 @@ class FaultProxy:
                         self.received_from_upstream += len(data)
                 if upward:
                     asked.set()
+                elif self._mode == "trickle":
+                    self._trickle(target, data, asked)
+                    continue
                 elif asked.is_set():
                     asked.clear()
                     if self._mode == "link":
@@ -189,6 +198,21 @@ class FaultProxy:
                     target.sendall(data)
         with contextlib.suppress(OSError):
             target.shutdown(socket.SHUT_WR)
+
+    def _trickle(self, target: socket.socket, data: bytes, asked: threading.Event) -> None:
+        """Send an answer's headers (the data up to the first blank line after a request)
+        whole, and the rest TRICKLE_BYTES a second while the mode stays "trickle"."""
+        if asked.is_set() and _HEADERS_END in data:
+            asked.clear()
+            end = data.index(_HEADERS_END) + len(_HEADERS_END)
+            target.sendall(data[:end])
+            data = data[end:]
+        for start in range(0, len(data), TRICKLE_BYTES):
+            if self._mode != "trickle" or self._closed:
+                target.sendall(data[start:])
+                return
+            target.sendall(data[start:start + TRICKLE_BYTES])
+            time.sleep(1.0)
 
     def _send_through_link(self, target: socket.socket, data: bytes) -> None:
         """Send `data` once the shared link has had the time to carry it after every byte
