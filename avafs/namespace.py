@@ -679,7 +679,15 @@ class Namespace:
         taken. Counts one kernel lookup of its node."""
         if self.entry(parent, name) is not None:
             raise Refused(errno.EEXIST, f"{parent.key}{name} exists")
-        self.writeback.mkdir(parent.source, f"{parent.key}{name}/")
+        prefix = f"{parent.key}{name}/"
+        self.writeback.mkdir(parent.source, prefix)
+        with self._lock:
+            if (parent.source, parent.key) in self._listings:
+                # The store's listing of the parent showed nothing of this name, so the store
+                # holds nothing under it: its listing is known, empty, without asking. Files
+                # written in it then show from it as they upload (`settled`), and a store
+                # whose listings are slow neither hides them nor makes a readdir wait.
+                self._listings[(parent.source, prefix)] = _Listing(self._clock())
         return self.child(parent, Entry(name, None))
 
     def rmdir(self, parent: Node, name: str) -> None:

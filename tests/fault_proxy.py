@@ -11,6 +11,8 @@ no kept-alive connection slips past it):
 - "link": a link to a distant store (the cloud): relay, every connection's bytes together
   limited to `rate` bytes per second, and each answer held `latency` seconds before it starts
   (one round trip per request).
+- "slow-list": relay, and hold each answer to a LIST (ListObjectsV2) `latency` seconds before
+  it starts (a store whose listings are slow, its other requests quick).
 - "503" (any 5xx code as text): answer every request with that status and an S3 error body.
 - "cut": relay the request, then only the first CUT_AFTER bytes of the answer, then close.
 - "trickle": relay requests and the answer's headers, then its body TRICKLE_BYTES bytes each
@@ -66,7 +68,7 @@ class FaultProxy:
     def mode(self, mode: str) -> None:
         with self._lock:
             self._mode = mode
-            if mode not in ("pass", "hang", "slow", "link", "trickle"):
+            if mode not in ("pass", "hang", "slow", "link", "trickle", "slow-list"):
                 for connection in self._relayed:
                     _reset(connection)
             if mode == "refuse":
@@ -128,10 +130,12 @@ class FaultProxy:
                     return
                 with self._lock:
                     self._relayed.add(client)
-                asked = threading.Event()
-                pumps = [threading.Thread(target=self._pump, args=(client, upstream, True, asked),
+                asked, listing = threading.Event(), threading.Event()
+                pumps = [threading.Thread(target=self._pump,
+                                          args=(client, upstream, True, asked, listing),
                                           daemon=True),
-                         threading.Thread(target=self._pump, args=(upstream, client, False, asked),
+                         threading.Thread(target=self._pump,
+                                          args=(upstream, client, False, asked, listing),
                                           daemon=True)]
                 for pump in pumps:
                     pump.start()
@@ -164,11 +168,12 @@ class FaultProxy:
                            + body)
 
     def _pump(self, source: socket.socket, target: socket.socket, upward: bool,
-              asked: threading.Event) -> None:
+              asked: threading.Event, listing: threading.Event) -> None:
         """Relay one direction; in "slow" mode at `rate` bytes per second, in "link" mode
         through the shared link, and in "hang" mode (switched on while the connection is
         open) not at all. `asked` is set by the request side and cleared by the first bytes
-        of the answer, which "link" mode holds back for `latency` seconds."""
+        of the answer, which "link" mode holds back for `latency` seconds; `listing`, set by a LIST
+        request, has "slow-list" mode hold its answer so."""
         with contextlib.suppress(OSError):
             while data := source.recv(_CHUNK):
                 while self._mode == "hang" and not self._closed:
@@ -180,12 +185,15 @@ class FaultProxy:
                         self.received_from_upstream += len(data)
                 if upward:
                     asked.set()
+                    if _is_listing(data):
+                        listing.set()
                 elif self._mode == "trickle":
                     self._trickle(target, data, asked)
                     continue
                 elif asked.is_set():
                     asked.clear()
-                    if self._mode == "link":
+                    if self._mode == "link" or (self._mode == "slow-list" and listing.is_set()):
+                        listing.clear()
                         time.sleep(self.latency)
                 if self._mode == "link":
                     self._send_through_link(target, data)
@@ -232,6 +240,12 @@ class FaultProxy:
         self._closed = True
         with self._lock:
             self._close_listener()
+
+
+def _is_listing(request: bytes) -> bool:
+    """Whether these bytes begin a ListObjectsV2 request (GET of the bucket with list-type)."""
+    line = request.split(b"\r\n", 1)[0]
+    return line.startswith(b"GET ") and b"list-type=2" in line
 
 
 def _reset(connection: socket.socket) -> None:

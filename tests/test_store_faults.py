@@ -37,6 +37,8 @@ finishes an answer: one HEAD of the file's attributes (--store-timeout) and two 
 FAILED_READ_MEMORY = 1.0
 """Seconds a failed read is answered with its error without asking the store again."""
 LOOKUP_BOUND = STORE_TIMEOUT + SLACK
+LISTING_WAIT = 1.0
+"""Seconds a listing of a directory listed before, or made by the mount, waits for the store."""
 
 
 def bounded(operation: Callable[[], T], what: str) -> T:
@@ -285,3 +287,28 @@ def test_writes_go_on_while_the_store_is_unreachable(s3_server, bucket, s3_mount
     time.sleep(1.5)
     assert sorted(os.listdir(mnt / "elsewhere")) == ["existing.txt", "new.txt"]
     assert (mnt / "remote/old.bin").read_bytes() == b"remote data"
+
+
+def test_a_new_directory_lists_every_entry_promptly_while_listings_are_slow(s3_server, bucket,
+                                                                             s3_mount, proxy):
+    """A directory the mount made, its files written and uploaded meanwhile, while every LIST
+    answer takes 3 s: listing it waits for the store no longer than the limit (a second per
+    directory) and shows every file, pending or uploaded."""
+    mnt = s3_mount(*FAULT_ARGS, endpoint=proxy.endpoint)
+    assert os.listdir(mnt) == []
+    proxy.latency, proxy.mode = 3.0, "slow-list"
+    (mnt / "new").mkdir()
+    names: set[str] = set()
+    for round_number in range(4):
+        for number in range(100):
+            name = f"r{round_number}-f{number}.txt"
+            (mnt / "new" / name).write_bytes(name.encode())
+            names.add(name)
+        found, seconds = timed(lambda: os.listdir(mnt / "new"), "listing the new directory")
+        assert not isinstance(found, OSError), found
+        assert sorted(names - set(found)) == [] and len(found) == len(names)
+        assert seconds < LISTING_WAIT + SLACK
+        time.sleep(0.5)
+    bounded(Client(mnt).flush, "flush")
+    assert sorted(os.listdir(mnt / "new")) == sorted(names)
+    assert len(store_keys(s3_server, bucket)) == len(names) + 1
