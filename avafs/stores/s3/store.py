@@ -419,6 +419,17 @@ class S3Store(ObjectStore, MultipartUploads):
                 if _code(error) not in ("NoSuchUpload", "404"):
                     raise
 
+    def uploads_of(self, key: str) -> list[tuple[str, float]]:
+        found: list[tuple[str, float]] = []
+        with self._store_errors(f"listing the multipart uploads of {key!r}"):
+            pages = self._client.get_paginator("list_multipart_uploads").paginate(
+                Bucket=self.bucket, Prefix=self.prefix + key)
+            for page in pages:
+                found.extend((upload["UploadId"], upload["Initiated"].timestamp())
+                             for upload in page.get("Uploads", ())
+                             if upload["Key"] == self.prefix + key)
+        return found
+
     def copy(self, source_key: str, key: str, etag: str, mtime: float | None = None,
              attrs: Attrs | None = None) -> ObjectInfo:
         """Managed copy (multipart above 64 MiB), only of the version that was renamed.
