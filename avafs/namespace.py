@@ -45,7 +45,8 @@ log = logging.getLogger(__name__)
 ROOT_INODE = 1
 NAME_MAX = 255
 _DESCRIBE_PAUSE = 10.0
-"""Seconds no file's attributes are read from the store after a read of them failed."""
+"""Seconds no file's attributes are read from the store after a read of them failed, or a
+listing did not come in time and its cached one was served."""
 _LISTERS = 8
 """Listings fetched at once; more wait in the pool's queue, their callers bounded as ever."""
 STALE_WAIT = 1.0
@@ -340,6 +341,9 @@ class Namespace:
                 is not None else f"{store.url} did not answer a listing in time")
             if stale is None:
                 raise ListingUnavailable(f"cannot list {prefix or '/'!r}: {failure}") from None
+            # This lookup has waited for the store already: a HEAD for attributes on top
+            # would take it past --store-timeout.
+            self._describe_paused_until = self._clock() + _DESCRIBE_PAUSE
             if wait > 0:  # the first caller of a fetch says it; the others follow quietly
                 log.warning("listing %r of %s failed (%s); serving the listing cached %.0fs "
                             "ago", prefix or "/", self.stores[source].url, failure,
