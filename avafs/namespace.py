@@ -45,7 +45,8 @@ log = logging.getLogger(__name__)
 ROOT_INODE = 1
 NAME_MAX = 255
 _DESCRIBE_PAUSE = 10.0
-"""Seconds no file's attributes are read from the store after a read of them failed."""
+"""Seconds no file's attributes are read from the store after a read of them failed, or a
+listing did not come in time and its cached one was served."""
 _LISTERS = 8
 """Listings fetched at once; more wait in the pool's queue, their callers bounded as ever."""
 STALE_WAIT = 1.0
@@ -340,6 +341,9 @@ class Namespace:
                 is not None else f"{store.url} did not answer a listing in time")
             if stale is None:
                 raise ListingUnavailable(f"cannot list {prefix or '/'!r}: {failure}") from None
+            # This lookup has waited for the store already: a HEAD for attributes on top
+            # would take it past --store-timeout.
+            self._describe_paused_until = self._clock() + _DESCRIBE_PAUSE
             if wait > 0:  # the first caller of a fetch says it; the others follow quietly
                 log.warning("listing %r of %s failed (%s); serving the listing cached %.0fs "
                             "ago", prefix or "/", self.stores[source].url, failure,
@@ -679,7 +683,15 @@ class Namespace:
         taken. Counts one kernel lookup of its node."""
         if self.entry(parent, name) is not None:
             raise Refused(errno.EEXIST, f"{parent.key}{name} exists")
-        self.writeback.mkdir(parent.source, f"{parent.key}{name}/")
+        prefix = f"{parent.key}{name}/"
+        self.writeback.mkdir(parent.source, prefix)
+        with self._lock:
+            if (parent.source, parent.key) in self._listings:
+                # The store's listing of the parent showed nothing of this name, so the store
+                # holds nothing under it: its listing is known, empty, without asking. Files
+                # written in it then show from it as they upload (`settled`), and a store
+                # whose listings are slow neither hides them nor makes a readdir wait.
+                self._listings[(parent.source, prefix)] = _Listing(self._clock())
         return self.child(parent, Entry(name, None))
 
     def rmdir(self, parent: Node, name: str) -> None:

@@ -2,7 +2,8 @@
 for lookups that wait on the store.
 
 Through tests/fault_proxy.py between avafs and moto, each round injects each fault (refused
-connections, resets, a store that accepts and never answers, a throttled link, 503 answers)
+connections, resets, a store that accepts and never answers, a throttled link, a store that
+trickles its answers' bodies a few bytes a second, 503 answers)
 for some seconds while workers stat and look up files (existing and new names), read cached
 files, read uncached ones, and write new files; then the store comes back, the mount is
 flushed, and every file written is compared with the store's copy, byte for byte. Prints the
@@ -35,7 +36,7 @@ sys.path.insert(1, str(REPO / "tests"))  # the fault proxy the tests inject faul
 from fault_proxy import FaultProxy  # noqa: E402
 from s3server import BUCKET, CREDENTIALS, MotoServer  # noqa: E402
 
-MODES = ("refuse", "reset", "hang", "slow", "503")
+MODES = ("refuse", "reset", "hang", "slow", "trickle", "503")
 DIRECTORIES = 4
 FILES_PER_DIRECTORY = 25
 FILE_SIZE = 64 * 1024

@@ -11,8 +11,15 @@ no kept-alive connection slips past it):
 - "link": a link to a distant store (the cloud): relay, every connection's bytes together
   limited to `rate` bytes per second, and each answer held `latency` seconds before it starts
   (one round trip per request).
+- "slow-list": relay, and hold each answer to a LIST (ListObjectsV2) `latency` seconds before
+  it starts (a store whose listings are slow, its other requests quick).
+- "hold-create": relay, but never the answers to CreateMultipartUpload: the store starts the
+  upload and the client never learns its id (`held` counts them).
 - "503" (any 5xx code as text): answer every request with that status and an S3 error body.
 - "cut": relay the request, then only the first CUT_AFTER bytes of the answer, then close.
+- "trickle": relay requests and the answer's headers, then its body TRICKLE_BYTES bytes each
+  second (a store that keeps a connection alive without ever finishing an answer: every socket
+  read gets a byte before its timeout).
 
 `faults` counts the connections a fault was injected on (refused connects are not seen);
 `sent_upstream` the bytes relayed to the server (requests and uploaded data),
@@ -29,7 +36,10 @@ import time
 
 CUT_AFTER = 16 * 1024
 """Bytes of a response (headers included) relayed in "cut" mode before the connection drops."""
+TRICKLE_BYTES = 4
+"""Bytes of an answer's body relayed per second in "trickle" mode."""
 _CHUNK = 1 << 16
+_HEADERS_END = b"\r\n\r\n"
 
 
 class FaultProxy:
@@ -41,6 +51,7 @@ class FaultProxy:
         self.faults = 0
         self.sent_upstream = 0
         self.received_from_upstream = 0
+        self.held = 0
         self._mode = "pass"
         self._lock = threading.Lock()
         self._closed = False
@@ -60,7 +71,8 @@ class FaultProxy:
     def mode(self, mode: str) -> None:
         with self._lock:
             self._mode = mode
-            if mode not in ("pass", "hang", "slow", "link"):
+            if mode not in ("pass", "hang", "slow", "link", "trickle", "slow-list",
+                            "hold-create"):
                 for connection in self._relayed:
                     _reset(connection)
             if mode == "refuse":
@@ -122,10 +134,12 @@ class FaultProxy:
                     return
                 with self._lock:
                     self._relayed.add(client)
-                asked = threading.Event()
-                pumps = [threading.Thread(target=self._pump, args=(client, upstream, True, asked),
+                asked, request = threading.Event(), [""]
+                pumps = [threading.Thread(target=self._pump,
+                                          args=(client, upstream, True, asked, request),
                                           daemon=True),
-                         threading.Thread(target=self._pump, args=(upstream, client, False, asked),
+                         threading.Thread(target=self._pump,
+                                          args=(upstream, client, False, asked, request),
                                           daemon=True)]
                 for pump in pumps:
                     pump.start()
@@ -158,11 +172,13 @@ class FaultProxy:
                            + body)
 
     def _pump(self, source: socket.socket, target: socket.socket, upward: bool,
-              asked: threading.Event) -> None:
+              asked: threading.Event, request: list[str]) -> None:
         """Relay one direction; in "slow" mode at `rate` bytes per second, in "link" mode
         through the shared link, and in "hang" mode (switched on while the connection is
         open) not at all. `asked` is set by the request side and cleared by the first bytes
-        of the answer, which "link" mode holds back for `latency` seconds."""
+        of the answer, which "link" mode holds back for `latency` seconds; `request` holds
+        the kind of the last request ("list", "create" or ""), whose answer "slow-list" and
+        "hold-create" modes hold back."""
         with contextlib.suppress(OSError):
             while data := source.recv(_CHUNK):
                 while self._mode == "hang" and not self._closed:
@@ -174,9 +190,17 @@ class FaultProxy:
                         self.received_from_upstream += len(data)
                 if upward:
                     asked.set()
+                    request[0] = _kind(data)
+                elif self._mode == "trickle":
+                    self._trickle(target, data, asked)
+                    continue
                 elif asked.is_set():
                     asked.clear()
-                    if self._mode == "link":
+                    if self._mode == "hold-create" and request[0] == "create":
+                        self._hold()
+                        return
+                    if self._mode == "link" or (self._mode == "slow-list"
+                                                and request[0] == "list"):
                         time.sleep(self.latency)
                 if self._mode == "link":
                     self._send_through_link(target, data)
@@ -189,6 +213,28 @@ class FaultProxy:
                     target.sendall(data)
         with contextlib.suppress(OSError):
             target.shutdown(socket.SHUT_WR)
+
+    def _hold(self) -> None:
+        """Keep an answer back for good: until the proxy closes."""
+        with self._lock:
+            self.held += 1
+        while not self._closed:
+            time.sleep(0.2)
+
+    def _trickle(self, target: socket.socket, data: bytes, asked: threading.Event) -> None:
+        """Send an answer's headers (the data up to the first blank line after a request)
+        whole, and the rest TRICKLE_BYTES a second while the mode stays "trickle"."""
+        if asked.is_set() and _HEADERS_END in data:
+            asked.clear()
+            end = data.index(_HEADERS_END) + len(_HEADERS_END)
+            target.sendall(data[:end])
+            data = data[end:]
+        for start in range(0, len(data), TRICKLE_BYTES):
+            if self._mode != "trickle" or self._closed:
+                target.sendall(data[start:])
+                return
+            target.sendall(data[start:start + TRICKLE_BYTES])
+            time.sleep(1.0)
 
     def _send_through_link(self, target: socket.socket, data: bytes) -> None:
         """Send `data` once the shared link has had the time to carry it after every byte
@@ -208,6 +254,18 @@ class FaultProxy:
         self._closed = True
         with self._lock:
             self._close_listener()
+
+
+def _kind(request: bytes) -> str:
+    """"list" for bytes that begin a ListObjectsV2 request, "create" for a
+    CreateMultipartUpload, else ""."""
+    line = request.split(b"\r\n", 1)[0]
+    if line.startswith(b"GET ") and b"list-type=2" in line:
+        return "list"
+    if line.startswith(b"POST ") and (b"?uploads " in line or b"?uploads&" in line
+                                      or b"&uploads" in line):
+        return "create"
+    return ""
 
 
 def _reset(connection: socket.socket) -> None:

@@ -25,8 +25,20 @@ from avafs.client import Client
 
 T = TypeVar("T")
 LIVENESS = 60.0
-FAULT_ARGS = ("--metadata-ttl", "1", "--store-timeout", "2")
+STORE_TIMEOUT = 2.0
+FAULT_ARGS = ("--metadata-ttl", "1", "--store-timeout", f"{STORE_TIMEOUT:g}")
 """Listings trusted for a second (so lookups soon go to the store) and a 2 s request limit."""
+SLACK = 2.0
+"""Seconds of thread scheduling on a loaded machine allowed past a documented bound."""
+READ_BOUND = 3 * STORE_TIMEOUT + 2 + SLACK
+"""The README's bound on a first read of up to 1 MiB from a store that does not answer or never
+finishes an answer: one HEAD of the file's attributes (--store-timeout) and two GET tries of
+--store-timeout + 1 MiB at --store-min-rate (1 MiB/s)."""
+FAILED_READ_MEMORY = 1.0
+"""Seconds a failed read is answered with its error without asking the store again."""
+LOOKUP_BOUND = STORE_TIMEOUT + SLACK
+LISTING_WAIT = 1.0
+"""Seconds a listing of a directory listed before, or made by the mount, waits for the store."""
 
 
 def bounded(operation: Callable[[], T], what: str) -> T:
@@ -112,6 +124,55 @@ def test_lookups_reads_and_writes_go_on_under_store_faults(s3_server, bucket, s3
         assert store_bytes(s3_server, bucket, key) == data
     assert store_bytes(s3_server, bucket, "d/sub/inner.txt") == b"inner"
     assert (mnt / "d/cold.bin").read_bytes() == payload(9, 50_000)
+
+
+def timed(operation: Callable[[], T], what: str) -> tuple[T | OSError, float]:
+    """The operation's result, or the OSError it raised, and the seconds it took."""
+    started = time.monotonic()
+    try:
+        result: T | OSError = bounded(operation, what)
+    except OSError as error:
+        result = error
+    return result, time.monotonic() - started
+
+
+def test_a_read_from_a_trickling_store_fails_within_its_bound(s3_server, bucket, s3_mount,
+                                                              proxy):
+    """A store that sends a few bytes of the body a second never trips a socket timeout: the
+    read's whole-request deadline ends each try, and the read fails with EIO in time."""
+    data = payload(4, 200_000)
+    s3_server.client().put_object(Bucket=bucket, Key="slow.bin", Body=data)
+    mnt = s3_mount(*FAULT_ARGS, endpoint=proxy.endpoint)
+    assert os.listdir(mnt) == ["slow.bin"]
+    proxy.mode = "trickle"
+    failed, seconds = timed((mnt / "slow.bin").read_bytes, "a read from a trickling store")
+    assert isinstance(failed, OSError) and failed.errno == errno.EIO
+    assert seconds < READ_BOUND
+    assert any("slow.bin" in error["message"] and "in time" in error["message"]
+               for error in Client(mnt).status()["recent_errors"])
+    proxy.mode = "pass"
+    time.sleep(FAILED_READ_MEMORY)
+    assert (mnt / "slow.bin").read_bytes() == data
+
+
+def test_an_uncached_read_from_a_hung_store_fails_within_its_bound(s3_server, bucket, s3_mount,
+                                                                   proxy):
+    client = s3_server.client()
+    client.put_object(Bucket=bucket, Key="d/warm.bin", Body=b"warm")
+    client.put_object(Bucket=bucket, Key="d/cold.bin", Body=payload(5, 50_000))
+    mnt = s3_mount(*FAULT_ARGS, endpoint=proxy.endpoint)
+    assert sorted(os.listdir(mnt / "d")) == ["cold.bin", "warm.bin"]
+    proxy.mode = "hang"
+    failed, seconds = timed((mnt / "d/cold.bin").read_bytes, "a cold read from a hung store")
+    assert isinstance(failed, OSError) and failed.errno == errno.EIO
+    assert seconds < READ_BOUND
+    time.sleep(1.5)  # past the metadata TTL
+    found, seconds = timed(lambda: os.stat(mnt / "d/warm.bin"), "a stat under a hung store")
+    assert not isinstance(found, OSError) and found.st_size == 4
+    assert seconds < LOOKUP_BOUND
+    proxy.mode = "pass"
+    time.sleep(FAILED_READ_MEMORY)
+    assert (mnt / "d/cold.bin").read_bytes() == payload(5, 50_000)
 
 
 def test_uploads_to_a_hung_store_time_out_and_are_retried(s3_server, bucket, s3_mount, proxy):
@@ -226,3 +287,28 @@ def test_writes_go_on_while_the_store_is_unreachable(s3_server, bucket, s3_mount
     time.sleep(1.5)
     assert sorted(os.listdir(mnt / "elsewhere")) == ["existing.txt", "new.txt"]
     assert (mnt / "remote/old.bin").read_bytes() == b"remote data"
+
+
+def test_a_new_directory_lists_every_entry_promptly_while_listings_are_slow(s3_server, bucket,
+                                                                             s3_mount, proxy):
+    """A directory the mount made, its files written and uploaded meanwhile, while every LIST
+    answer takes 3 s: listing it waits for the store no longer than the limit (a second per
+    directory) and shows every file, pending or uploaded."""
+    mnt = s3_mount(*FAULT_ARGS, endpoint=proxy.endpoint)
+    assert os.listdir(mnt) == []
+    proxy.latency, proxy.mode = 3.0, "slow-list"
+    (mnt / "new").mkdir()
+    names: set[str] = set()
+    for round_number in range(4):
+        for number in range(100):
+            name = f"r{round_number}-f{number}.txt"
+            (mnt / "new" / name).write_bytes(name.encode())
+            names.add(name)
+        found, seconds = timed(lambda: os.listdir(mnt / "new"), "listing the new directory")
+        assert not isinstance(found, OSError), found
+        assert sorted(names - set(found)) == [] and len(found) == len(names)
+        assert seconds < LISTING_WAIT + SLACK
+        time.sleep(0.5)
+    bounded(Client(mnt).flush, "flush")
+    assert sorted(os.listdir(mnt / "new")) == sorted(names)
+    assert len(store_keys(s3_server, bucket)) == len(names) + 1

@@ -60,14 +60,17 @@ def test_part_sizes_reach_past_the_largest_object_in_ten_thousand_parts():
 def test_journal_keeps_unfinished_uploads_apart_from_pending_states(tmp_path):
     journal = Journal(tmp_path / "journal")
     journal.save([Pending("bucket", "a/b.pt", DATA, 1, file="f1")])
-    journal.upload_started("bucket", "a/b.pt", "upload-1")
-    journal.upload_started("bucket", "c.pt", "upload-2")
+    for key, at in (("a/b.pt", 1.5), ("c.pt", 2.5), ("d.pt", 3.5)):
+        journal.upload_intended("bucket", key, at, {"older-1", "older-2"} if at > 3 else set())
+    journal.upload_started("bucket", "a/b.pt", "upload-1", 1.5)
+    journal.upload_started("bucket", "c.pt", "upload-2", 2.5)
     journal.upload_ended("bucket", "c.pt", "upload-2")
     journal.close()
     reopened = Journal(tmp_path / "journal")
     try:
         assert [entry.key for entry in reopened.load()] == ["a/b.pt"]
         assert reopened.load_uploads() == [("bucket", "a/b.pt", "upload-1")]
+        assert reopened.load_intents() == [("bucket", "d.pt", 3.5, {"older-1", "older-2"})]
     finally:
         reopened.close()
 
@@ -193,3 +196,38 @@ def test_a_large_file_uploaded_after_close_and_cut_by_a_kill_leaves_no_upload_op
     Client(mnt).flush()
     assert sha256(store_bytes(s3_server, bucket, "shuffled.bin")) == sha256(data)
     wait_until_no_uploads(s3_server, bucket)
+
+
+def test_a_kill_before_the_upload_id_is_journaled_leaves_no_upload_open(s3_server, bucket,
+                                                                        s3_mount, proxy):
+    """The store starts a file's multipart upload and its answer never comes back (the fault
+    proxy holds it) when the daemon is killed: no journal knows the id. The intent journaled
+    before the request lets the next mount find that upload by its key and abort it, and
+    only it: an upload of the same key another writer began before is left alone."""
+    others = s3_server.client().create_multipart_upload(Bucket=bucket, Key="ckpt.pt")
+    mnt = s3_mount("--writeback-delay", "3600", endpoint=proxy.endpoint)
+    proxy.mode = "hold-create"
+    data = payload(10, 70 * MiB)
+    file = open(mnt / "ckpt.pt", "wb")  # noqa: SIM115 - left open: the daemon dies under it
+    write(file, data)
+    os.fsync(file.fileno())
+    deadline = time.monotonic() + 60
+    while not (proxy.held and len(uploads_in_progress(s3_server, bucket)) == 2):
+        assert time.monotonic() < deadline, "the store never started the upload"
+        time.sleep(0.1)
+    pid = int(os.getxattr(mnt, "user.avafs.pid"))
+    os.kill(pid, 9)
+    wait_for_exit(pid, 30)
+    with contextlib.suppress(OSError):  # the daemon is gone: close() cannot reach it
+        file.close()
+    unmount(mnt)
+    proxy.mode = "pass"
+    mnt = s3_mount("--writeback-delay", "3600", endpoint=proxy.endpoint, mountpoint=mnt)
+    Client(mnt).flush()
+    assert sha256(store_bytes(s3_server, bucket, "ckpt.pt")) == sha256(data)
+    deadline = time.monotonic() + 30
+    while len(uploads_in_progress(s3_server, bucket)) > 1:
+        assert time.monotonic() < deadline, uploads_in_progress(s3_server, bucket)
+        time.sleep(0.1)
+    [left] = uploads_in_progress(s3_server, bucket)
+    assert left["UploadId"] == others["UploadId"], "another writer's upload is left alone"

@@ -229,8 +229,9 @@ MOUNT_OPTIONS: tuple[OptionSpec, ...] = (
                "that does not answer (default 5)", metavar="SECONDS"),
     OptionSpec("store_min_rate", _positive_size, 2**20,
                "slowest transfer rate, per second, before an S3 data request is abandoned and "
-               "retried: a request of N bytes gets --store-timeout + N/RATE seconds "
-               "(default 1MiB)", metavar="SIZE"),
+               "retried: a request of N bytes gets --store-timeout + N/RATE seconds in all, "
+               "its body included, however the store spaces its bytes; a read fails after two "
+               "such tries (default 1MiB)", metavar="SIZE"),
     OptionSpec("cluster_cache", _cluster_url, None,
                "a bucket of an S3-compatible store inside the cluster (SeaweedFS, MinIO) shared "
                "by every node as a third tier between the disk tier and the source (default: "

@@ -79,6 +79,11 @@ class MultipartUploads(ABC):
         """Drop the upload and its parts; the object stays as it was. An upload that no
         longer exists (completed or aborted already) is not an error."""
 
+    @abstractmethod
+    def uploads_of(self, key: str) -> list[tuple[str, float]]:
+        """(upload id, when it was started, in seconds since the epoch by the store's clock)
+        of every unfinished upload of exactly `key`."""
+
 
 class ObjectStore(ABC):
     """A bucket (or a prefix of one); keys are relative to the store's root."""

@@ -95,3 +95,6 @@ class InstrumentedStore(ObjectStore, MultipartUploads):
 
     def abort_upload(self, key: str, upload_id: str) -> None:
         self._timed("abort_upload", lambda: self._parts.abort_upload(key, upload_id))
+
+    def uploads_of(self, key: str) -> list[tuple[str, float]]:
+        return self._timed("list_uploads", lambda: self._parts.uploads_of(key))

@@ -11,7 +11,11 @@ lost in a crash, they make the next mount upload the file again, which is idempo
 
 Multipart uploads started while files are written (streaming.py) are recorded too, under keys
 of their own, so the next mount can abort those a crash left unfinished instead of leaving
-their parts in the bucket.
+their parts in the bucket. Before an upload is started its intent (source, key, time, and the
+ids of the uploads of that key the store already had) is written and waited for, and the
+record of its id replaces the intent in one batch: a crash between the store creating the
+upload and the journal recording its id leaves the intent, by which the next mount finds the
+upload in the store.
 """
 
 from __future__ import annotations
@@ -27,6 +31,25 @@ from .pending import Pending, journal_key
 
 _UPLOAD = b"\x01upload\0"
 """Prefix of the records of multipart uploads in progress (no state key starts with it)."""
+
+
+_INTENT = b"\x01intent\0"
+"""Prefix of the records of multipart uploads about to be started (no state key starts with
+it)."""
+
+
+def _intent_record(source: str, key: str, at: float) -> bytes:
+    return _INTENT + f"{source}\0{key}\0{at!r}".encode()
+
+
+def _intent_fields(record: bytes) -> tuple[str, str, float]:
+    source, key, at = record[len(_INTENT):].decode().split("\0")
+    return source, key, float(at)
+
+
+def _records(db: Rdict, prefix: bytes) -> list[bytes]:
+    return list(itertools.takewhile(lambda record: record.startswith(prefix),
+                                    db.keys(from_key=prefix)))
 
 
 def _upload_record(source: str, key: str, upload_id: str) -> bytes:
@@ -60,17 +83,32 @@ class Journal:
 
     def load(self) -> list[Pending]:
         return sorted((Pending.from_record(raw) for key, raw in self._db.items()
-                       if not key.startswith(_UPLOAD)), key=lambda entry: entry.seq)
+                       if not key.startswith((_UPLOAD, _INTENT))), key=lambda entry: entry.seq)
 
     def load_uploads(self) -> list[tuple[str, str, str]]:
-        """(source, key, upload id) of the multipart uploads the last mount left open."""
-        records = itertools.takewhile(lambda record: record.startswith(_UPLOAD),
-                                      self._db.keys(from_key=_UPLOAD))
-        return [_upload_fields(record) for record in records]
+        """(source, key, upload id) of the multipart uploads recorded as open."""
+        return [_upload_fields(record) for record in _records(self._db, _UPLOAD)]
 
-    def upload_started(self, source: str, key: str, upload_id: str) -> None:
-        """Record an upload in progress (written with the next batch, not waited for)."""
-        self._enqueue([(_upload_record(source, key, upload_id), b"")])
+    def load_intents(self) -> list[tuple[str, str, float, set[str]]]:
+        """(source, key, time.time() of the intent, ids of the uploads of the key the store had
+        before) of the uploads that were about to start and whose id was never recorded."""
+        return [(*_intent_fields(record), set(filter(None, self._db[record].decode().split("\0"))))
+                for record in _records(self._db, _INTENT)]
+
+    def upload_intended(self, source: str, key: str, at: float, before: set[str]) -> None:
+        """Record that an upload of `key` is about to start, `before` the ids of its uploads
+        the store has already (on disk when this returns)."""
+        self.wait(self._enqueue([(_intent_record(source, key, at),
+                                  "\0".join(sorted(before)).encode())]))
+
+    def upload_started(self, source: str, key: str, upload_id: str, intended_at: float) -> None:
+        """Record an upload in progress in place of its intent (written with the next batch,
+        not waited for)."""
+        self._enqueue([(_upload_record(source, key, upload_id), b""),
+                       (_intent_record(source, key, intended_at), None)])
+
+    def intent_ended(self, source: str, key: str, at: float) -> None:
+        self._enqueue([(_intent_record(source, key, at), None)])
 
     def upload_ended(self, source: str, key: str, upload_id: str) -> None:
         self._enqueue([(_upload_record(source, key, upload_id), None)])

@@ -10,7 +10,8 @@ upload gets).
 
 A crash loses the parts sent, never data: the journaled file is uploaded again by the next
 mount, which also aborts the uploads the journal lists as started and not ended, so no parts
-are left behind in the bucket. For that every multipart upload of a mount goes through here,
+are left behind in the bucket; an upload whose id the store gave but the journal never
+recorded is found by the intent journaled before it was asked for (`_abort_unrecorded`). For that every multipart upload of a mount goes through here,
 journaled before its first part: a committed file of STREAM_FROM bytes or more that did not
 stream while written (written out of order, replayed after a remount) is sent in parts here
 too (`upload_in_parts`), not by the store's own managed upload, whose id no journal knows.
@@ -21,7 +22,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor, wait
+import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from ..errors import StoreError
@@ -34,6 +36,10 @@ log = logging.getLogger(__name__)
 STREAM_FROM = 64 * 2**20
 """Files start streaming once this long: below it a file goes up in one PutObject after close
 (the same threshold as a whole file's multipart upload)."""
+CLOCK_SKEW = 15 * 60.0
+"""Seconds the store's clock may differ from this machine's: S3 refuses requests signed more
+than 15 minutes off. An upload of a key started later than this after an intent is another
+writer's (the create itself ends within its request limits, far sooner)."""
 PART_SIZE = 8 * 2**20
 PARTS_IN_FLIGHT = 8
 """As many parts in flight as a whole file's managed upload (and the direct upload) uses."""
@@ -69,6 +75,13 @@ class StreamUploads:
         self._active: set[Stream] = set()
         for source, key, upload_id in journal.load_uploads():
             self._pool.submit(self._abort_left_over, source, key, upload_id)
+        self._recovering: dict[tuple[str, str], Future[None]] = {
+            (source, key): self._pool.submit(self._abort_unrecorded, source, key, intended_at,
+                                             before)
+            for source, key, intended_at, before in journal.load_intents()}
+        """The search for uploads a crash left unrecorded, by key: a new upload of the key
+        starts after it (it was queued first, so a part thread waiting for it never waits for
+        a thread it holds)."""
 
     def _abort_left_over(self, source: str, key: str, upload_id: str) -> None:
         """An upload a crash (or a failed abort) left unfinished: its file, if it was
@@ -83,6 +96,30 @@ class StreamUploads:
                         "mount tries again", key, error)
             return
         self._journal.upload_ended(source, key, upload_id)
+
+    def _abort_unrecorded(self, source: str, key: str, intended_at: float,
+                          before: set[str]) -> None:
+        """A crash came between journaling the intent to upload `key` and recording the id the
+        store gave (or the store never answered): abort the uploads of `key` that the store
+        did not have before the intent, did not start more than CLOCK_SKEW after it, and no
+        journal record owns; then drop the intent. Which uploads are new is told by their ids,
+        not by the store's clock (some S3 servers report a fixed start time). This mount's own
+        uploads of the key start after this ends (`_start`)."""
+        uploads = self._stores[source].multipart() if source in self._stores else None
+        if uploads is None:
+            return
+        try:
+            found = uploads.uploads_of(key)
+            owned = {upload_id for _, _, upload_id in self._journal.load_uploads()}
+            for upload_id, started in found:
+                if upload_id not in owned | before and started <= intended_at + CLOCK_SKEW:
+                    uploads.abort_upload(key, upload_id)
+                    log.info("aborted the multipart upload of %s a crash left unrecorded", key)
+        except Exception as error:  # noqa: BLE001 - retried by the next mount
+            log.warning("could not look for a multipart upload of %s a crash left unrecorded "
+                        "(%s); the next mount looks again", key, error)
+            return
+        self._journal.intent_ended(source, key, intended_at)
 
     def _target(self, entry: Pending) -> tuple[str, str, MultipartUploads] | None:
         """(journal source, key, uploads) a new stream of `entry` goes to; None where it
@@ -142,8 +179,16 @@ class StreamUploads:
         return self.finish(entry, generation)
 
     def _start(self, uploads: MultipartUploads, source: str, key: str) -> str:
+        """The intent, with the uploads of the key the store has already, is on disk before
+        the store is asked; the id replaces it once given."""
+        recovering = self._recovering.get((source, key))
+        if recovering is not None:
+            wait([recovering])
+        before = {upload_id for upload_id, _ in uploads.uploads_of(key)}
+        intended_at = time.time()
+        self._journal.upload_intended(source, key, intended_at, before)
         upload_id = uploads.start_upload(key)
-        self._journal.upload_started(source, key, upload_id)
+        self._journal.upload_started(source, key, upload_id, intended_at)
         return upload_id
 
     def _send(self, stream: Stream, end: int, last: bool) -> None:

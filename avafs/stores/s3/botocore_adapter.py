@@ -9,6 +9,8 @@ What it reaches into, and why:
   boto3 does not document: the signer and the request it signs.
 - the `AWSResponse` that `send` returns: `status_code`, `headers`, `content`, and `raw`, the
   urllib3 response read as a stream.
+- `StreamingBody._raw_stream`, the urllib3 response under a boto3 GET's body: the data reads
+  enforce a deadline on it (deadlines.py).
 
 None of this is a promised interface, so a botocore release may move any of it. When it
 does, `moved_internals` names what moved, and the caller turns the lean path off for the
@@ -57,3 +59,8 @@ def send(client: Any, prepared: Any) -> Any:
     """Send over the client's own HTTP session: an `AWSResponse`. Raises what botocore
     raises for a failed transport (`BotoCoreError`)."""
     return client._endpoint.http_session.send(prepared)
+
+
+def raw_stream(body: Any) -> Any:
+    """The urllib3 response under a boto3 `StreamingBody`."""
+    return body._raw_stream

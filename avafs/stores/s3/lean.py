@@ -22,7 +22,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, BinaryIO
+from typing import Any
 from urllib.parse import quote, unquote_plus, urlencode, urlsplit
 from xml.etree import ElementTree
 
@@ -87,21 +87,21 @@ class LeanRequests:
             self._base = f"{parts.scheme}://{parts.netloc}{parts.path[:-1]}"
         return self._base
 
-    def open(self, key: str, start: int, length: int, etag: str) -> BinaryIO | None:
-        """The body of bytes [start, start+length) of this version, streaming; None when the
-        full client should handle the request. Raises Changed for a gone version."""
+    def open(self, key: str, start: int, length: int, etag: str) -> Any | None:
+        """The urllib3 response holding bytes [start, start+length) of this version, its body
+        not read yet; None when the full client should handle the request. Raises Changed for
+        a gone version, and botocore's error for a failed transport (a store that cannot be
+        reached or does not answer in time: asking boto3 the same would only wait again)."""
         base = self._bucket_url()
         if base is None:
             return None
         response = self._send(
             "GET", base + quote(key, safe="/~"),
             {"Range": f"bytes={start}-{start + length - 1}", "If-Match": f'"{etag}"'},
-            size=length, stream_output=True)
-        if response is None:
-            return None
+            size=length, stream_output=True, transport_errors=True)
         raw = response.raw
         if _whole_range(response.status_code, response.headers, length):
-            return _Body(raw)
+            return raw
         raw.close()
         if response.status_code in CHANGED:
             raise Changed()
@@ -154,13 +154,15 @@ class LeanRequests:
             return None
 
     def _send(self, method: str, url: str, headers: dict[str, str], data: bytes | None = None,
-              size: int = 0, stream_output: bool = False):
+              size: int = 0, stream_output: bool = False, transport_errors: bool = False):
         """Sign and send, bounded as a request of `size` bytes; None on any transport failure
-        (the caller falls back)."""
+        (the caller falls back), or botocore's error with `transport_errors`."""
         try:
             response = botocore_adapter.send(self._clients(size), botocore_adapter.signed(
                 method, url, headers, self._credentials, self._region, data, stream_output))
         except botocore.exceptions.BotoCoreError:
+            if transport_errors:
+                raise
             return None
         self._note_status(response.status_code)
         return response
@@ -214,18 +216,3 @@ def _parse_list_page(document: bytes) -> ListPage:
     return ListPage(prefixes, objects,
                     root.findtext(f"{_S3}NextContinuationToken") if truncated else None)
 
-
-class _Body:
-    """A response body that hands its connection back to the pool once read to the end."""
-
-    def __init__(self, raw) -> None:
-        self._raw = raw
-
-    def read(self, size: int = -1) -> bytes:
-        return self._raw.read(None if size < 0 else size)
-
-    def close(self) -> None:
-        if self._raw.length_remaining == 0:
-            self._raw.release_conn()
-        else:
-            self._raw.close()

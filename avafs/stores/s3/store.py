@@ -31,19 +31,12 @@ from ...errors import AvafsError, ObjectChangedError, StoreError
 from .. import metadata
 from ..base import Listing, MultipartUploads, ObjectInfo, ObjectStore, Part, StoreLimits
 from ..metadata import Attrs
+from . import botocore_adapter
+from .deadlines import DeadlineBody, DeadlinePassed, Deadlines
 from .lean import Changed, LeanRequests, sends_crc32
 
 log = logging.getLogger(__name__)
 
-_BODY_ERRORS = (
-    botocore.exceptions.IncompleteReadError,
-    botocore.exceptions.ResponseStreamingError,
-    botocore.exceptions.ConnectionClosedError,
-)
-"""A body that broke off after the store answered: read again (botocore retries requests, not
-the reading of their bodies). An endpoint that cannot be reached is botocore's to retry, and a
-store that stops sending (a read timeout) is not asked again here: that is a hung store, whose
-reader gets EIO within the request limits instead of after many more of them."""
 _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403",
            "InvalidToken", "AllAccessDisabled"}
 _MISSING_BUCKET = {"NoSuchBucket", "404", "NotFound"}
@@ -57,7 +50,11 @@ _ATTEMPTS = 4
 """Attempts per request, the first included (botocore's `total_max_attempts`; its
 `max_attempts` counts retries only): each is bounded by StoreLimits, and the callers retry on
 their own terms (the uploader forever, a lookup at its next call)."""
-_BODY_ATTEMPTS = 6
+_READ_TRIES = 6
+"""Tries of one data read: a body that broke off is asked for again, within _READ_BUDGET."""
+_READ_BUDGET = 2
+"""A data read's tries together take at most this many times the limit of one (StoreLimits),
+so a store that does not answer costs a reader two timeouts before EIO, not six."""
 _TRANSFER = TransferConfig(multipart_threshold=64 * 2**20, multipart_chunksize=8 * 2**20,
                            max_concurrency=8, use_threads=True)
 """Eight 8 MiB parts in flight (64 MiB of buffers per large upload, as four 16 MiB parts were):
@@ -66,6 +63,10 @@ upload's baseline uses the same)."""
 _PART = _TRANSFER.multipart_chunksize
 """Completing an upload, whose work at the server grows with the object, gets the time of one
 part's transfer on top of the base limit."""
+_FAILED_READ_MEMORY = 1.0
+"""Seconds a failed read is answered with its error without asking the store again: the
+kernel follows a failed read-ahead at once with a read of its own of the same pages, which
+would make a reader wait for a dead store twice."""
 _DEFAULT_LIMITS = StoreLimits()
 
 
@@ -121,7 +122,10 @@ class S3Store(ObjectStore, MultipartUploads):
         self._common = {"endpoint_url": endpoint_url, "region_name": region}
         self._limits = limits
         self._max_connections = max_connections
-        self._clients: dict[int, object] = {}
+        self._clients: dict[tuple[int, int], object] = {}
+        self._deadlines = Deadlines()
+        self._failed_reads: dict[tuple[str, int, int, str], tuple[float, StoreError]] = {}
+        """Reads that just failed, until when they fail again without asking (_clients_lock)."""
         self._clients_lock = threading.Lock()
         self._client = self._sized(0)
         self._probe_client = self._session.client("s3", config=Config(
@@ -129,21 +133,21 @@ class S3Store(ObjectStore, MultipartUploads):
             connect_timeout=limits.timeout, read_timeout=limits.timeout), **self._common)
         self._lean = LeanRequests(self._sized, self._session.get_credentials(), bucket)
 
-    def _sized(self, size: int):
+    def _sized(self, size: int, attempts: int = 0):
         """The client whose timeouts suit a request carrying `size` bytes (StoreLimits): the
         connect timeout is the limit's seconds, the read timeout (which also bounds sending a
-        body held in memory) adds the transfer time at the minimum rate."""
-        slot = _size_class(size)
+        body held in memory) adds the transfer time at the minimum rate. `attempts` overrides
+        the store's tries per request (a data read counts its own)."""
+        slot = (_size_class(size), attempts or self._attempts)
         client = self._clients.get(slot)
         if client is None:
             with self._clients_lock:
                 client = self._clients.get(slot)
                 if client is None:
                     client = self._clients[slot] = self._session.client("s3", config=Config(
-                        retries={"mode": "standard",
-                                 "total_max_attempts": self._attempts},
+                        retries={"mode": "standard", "total_max_attempts": slot[1]},
                         connect_timeout=self._limits.timeout,
-                        read_timeout=self._limits.for_size(slot),
+                        read_timeout=self._limits.for_size(slot[0]),
                         max_pool_connections=self._max_connections, tcp_keepalive=True),
                         **self._common)
         return client
@@ -226,7 +230,8 @@ class S3Store(ObjectStore, MultipartUploads):
         return self._head(self._client, key)
 
     def head_quickly(self, key: str) -> ObjectInfo | None:
-        return self._head(self._probe_client, key)
+        """One try of --store-timeout: a failed one costs a reader no more than that."""
+        return self._head(self._sized(0, attempts=1), key)
 
     def _head(self, client, key: str) -> ObjectInfo | None:
         try:
@@ -241,70 +246,90 @@ class S3Store(ObjectStore, MultipartUploads):
         return ObjectInfo(key, reply["ContentLength"], _etag(reply["ETag"]),
                           reply["LastModified"].timestamp() if mtime is None else mtime, attrs)
 
-    def _lean_open(self, key: str, start: int, length: int, etag: str) -> BinaryIO | None:
+    def get_range(self, key: str, start: int, length: int, etag: str) -> bytes:
+        """Tries (the lean GET, boto3 where the lean path cannot answer) until one gives the
+        bytes, the store says the version is gone, _READ_TRIES failed, or the tries took
+        _READ_BUDGET times the limit of one: a read of N bytes from a store that does not
+        answer, or never finishes an answer, fails after at most _READ_BUDGET x
+        (--store-timeout + max(N, 1 MiB)/--store-min-rate), while a body that broke off
+        quickly is asked for again."""
+        wanted = (key, start, length, etag)
+        failed = self._failed_reads.get(wanted)
+        if failed is not None and time.monotonic() < failed[0]:
+            raise failed[1]
+        limit = self._limits.for_size(_size_class(length))
+        end = time.monotonic() + _READ_BUDGET * limit
+        for attempt in range(_READ_TRIES):
+            try:
+                return self._get_once(key, start, length, etag,
+                                      min(limit, end - time.monotonic()))
+            except ObjectChangedError:
+                raise
+            except StoreError as error:
+                left = end - time.monotonic()
+                if error.permanent or attempt == _READ_TRIES - 1 or left < 0.2 * limit:
+                    self._remember_failure(wanted, error)
+                    raise
+                log.warning("retrying read of %s%r: %s", self.url, key, error)
+                time.sleep(min(0.1 * 2**attempt, left / 4))
+        raise AssertionError("unreachable")
+
+    def _remember_failure(self, wanted: tuple[str, int, int, str], error: StoreError) -> None:
+        now = time.monotonic()
+        with self._clients_lock:
+            for stale in [read for read, (until, _) in self._failed_reads.items() if until <= now]:
+                del self._failed_reads[stale]
+            self._failed_reads[wanted] = (now + _FAILED_READ_MEMORY, error)
+
+    def _get_once(self, key: str, start: int, length: int, etag: str, seconds: float) -> bytes:
+        with contextlib.closing(self._open(key, start, length, etag, seconds)) as body:
+            try:
+                data = body.read()
+            except DeadlinePassed:
+                raise StoreError(self._late(key, length, seconds)) from None
+            except (urllib3.exceptions.HTTPError, OSError,
+                    botocore.exceptions.BotoCoreError) as error:
+                raise self._failure(error, f"GET of {key!r}") from None
+        if len(data) != length:
+            raise StoreError(f"S3 GET of {key!r} at {self.endpoint} ended {length - len(data)} "
+                             "bytes early")
+        return data
+
+    def _late(self, key: str, length: int, seconds: float) -> str:
+        return (f"S3 endpoint {self.endpoint} did not send the {length} bytes of {key!r} in "
+                f"time ({seconds:.1f}s: --store-timeout plus the size at --store-min-rate): "
+                "the store is overloaded or hung")
+
+    def open_range(self, key: str, start: int, length: int, etag: str) -> BinaryIO:
+        """One GET whose body is read as it arrives, within --store-timeout plus the length at
+        --store-min-rate (a stream that broke off or ran late is the caller's to recover: it
+        refetches the blocks it did not get with get_range, which retries)."""
+        return self._open(key, start, length, etag, self._limits.for_size(length))
+
+    def _open(self, key: str, start: int, length: int, etag: str,
+              seconds: float) -> DeadlineBody:
+        """One GET, the lean one where it answers; its body read within `seconds` of now."""
         try:
-            return self._lean.open(self.prefix + key, start, length, etag)
+            raw = self._lean.open(self.prefix + key, start, length, etag)
         except Changed:
             raise ObjectChangedError(f"{self.url}{key} changed or vanished while being read") \
                 from None
-
-    def get_range(self, key: str, start: int, length: int, etag: str) -> bytes:
-        """The lean GET first; the full client when it cannot answer, which retries dropped
-        bodies too (botocore retries a failed request, not a failed read)."""
-        body = self._lean_open(key, start, length, etag)
-        if body is not None:
-            with contextlib.suppress(urllib3.exceptions.HTTPError, OSError), \
-                    contextlib.closing(body):
-                data = body.read()
-                if len(data) == length:
-                    return data
-        for attempt in range(_BODY_ATTEMPTS):
+        except botocore.exceptions.BotoCoreError as error:
+            raise self._failure(error, f"GET of {key!r}") from None
+        if raw is None:
             try:
-                try:
-                    reply = self._sized(length).get_object(
-                        Bucket=self.bucket, Key=self.prefix + key, IfMatch=f'"{etag}"',
-                        Range=f"bytes={start}-{start + length - 1}")
-                except _BODY_ERRORS as error:  # the request itself: botocore retried it
-                    raise self._failure(error, f"GET of {key!r}") from None
-                data = reply["Body"].read()
-                if len(data) != length:
-                    raise botocore.exceptions.IncompleteReadError(actual_bytes=len(data),
-                                                                  expected_bytes=length)
-                return data
+                reply = self._sized(length, attempts=1).get_object(
+                    Bucket=self.bucket, Key=self.prefix + key, IfMatch=f'"{etag}"',
+                    Range=f"bytes={start}-{start + length - 1}")
             except botocore.exceptions.ClientError as error:
-                code = _code(error)
-                if code in ("PreconditionFailed", "412", "NoSuchKey", "404"):
+                if _code(error) in ("PreconditionFailed", "412", "NoSuchKey", "404"):
                     raise ObjectChangedError(
                         f"{self.url}{key} changed or vanished while being read") from None
                 raise self._failure(error, f"GET of {key!r}") from None
-            except _BODY_ERRORS as error:
-                if attempt == _BODY_ATTEMPTS - 1:
-                    raise self._failure(error, f"GET of {key!r}") from None
-                log.warning("retrying read of %s%r after %s", self.url, key,
-                            type(error).__name__)
-                time.sleep(min(0.1 * 2**attempt, 5.0))
             except botocore.exceptions.BotoCoreError as error:
                 raise self._failure(error, f"GET of {key!r}") from None
-        raise AssertionError("unreachable")
-
-    def open_range(self, key: str, start: int, length: int, etag: str) -> BinaryIO:
-        """One GET whose body is read as it arrives (a dropped stream is the caller's to
-        recover: it refetches the blocks it did not get with get_range, which retries)."""
-        body = self._lean_open(key, start, length, etag)
-        if body is not None:
-            return body
-        try:
-            reply = self._client.get_object(
-                Bucket=self.bucket, Key=self.prefix + key, IfMatch=f'"{etag}"',
-                Range=f"bytes={start}-{start + length - 1}")
-        except botocore.exceptions.ClientError as error:
-            if _code(error) in ("PreconditionFailed", "412", "NoSuchKey", "404"):
-                raise ObjectChangedError(
-                    f"{self.url}{key} changed or vanished while being read") from None
-            raise self._failure(error, f"GET of {key!r}") from None
-        except botocore.exceptions.BotoCoreError as error:
-            raise self._failure(error, f"GET of {key!r}") from None
-        return reply["Body"]
+            raw = botocore_adapter.raw_stream(reply["Body"])
+        return DeadlineBody(raw, self._deadlines, seconds)
 
     def put(self, key: str, body: BinaryIO, size: int, mtime: float | None = None,
             attrs: Attrs | None = None) -> ObjectInfo:
@@ -393,6 +418,17 @@ class S3Store(ObjectStore, MultipartUploads):
             except botocore.exceptions.ClientError as error:
                 if _code(error) not in ("NoSuchUpload", "404"):
                     raise
+
+    def uploads_of(self, key: str) -> list[tuple[str, float]]:
+        found: list[tuple[str, float]] = []
+        with self._store_errors(f"listing the multipart uploads of {key!r}"):
+            pages = self._client.get_paginator("list_multipart_uploads").paginate(
+                Bucket=self.bucket, Prefix=self.prefix + key)
+            for page in pages:
+                found.extend((upload["UploadId"], upload["Initiated"].timestamp())
+                             for upload in page.get("Uploads", ())
+                             if upload["Key"] == self.prefix + key)
+        return found
 
     def copy(self, source_key: str, key: str, etag: str, mtime: float | None = None,
              attrs: Attrs | None = None) -> ObjectInfo:
