@@ -7,6 +7,7 @@ the former and deleted blocks readers had just fetched.
 
 from __future__ import annotations
 
+import struct
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,3 +85,37 @@ def test_a_crash_leftover_rewritten_while_the_sweep_runs_is_kept(tmp_path):
 
     assert tier.get(_block(3)) == b"fetched again"
     tier.close()
+
+
+def _rewrite_records_as_crc32(root: Path) -> None:
+    """Turns the index into what a tier from before CRC-32C left: size, CRC-32, sequence,
+    reads."""
+    import zlib
+
+    from rocksdict import Options, Rdict
+
+    index = Rdict(str(root / "index"), options=Options(raw_mode=True))
+    for key, value in list(index.items()):
+        size, _, sequence, reads, _ = struct.unpack("<QIQIB", value)
+        block = BlockId.decode(key.decode())
+        data = (root / "blocks" / block.file_name()[:2] / block.file_name()).read_bytes()
+        index[key] = struct.pack("<QIQI", size, zlib.crc32(data), sequence, reads)
+    index.close()
+
+
+def test_blocks_recorded_with_a_crc32_are_still_served_and_still_checked(tmp_path):
+    tier = _tier(tmp_path)
+    tier.put(_block(1), b"kept" * 1000)
+    tier.put(_block(2), b"torn" * 1000)
+    tier.close()
+    _rewrite_records_as_crc32(tmp_path)
+    torn = tmp_path / "blocks" / _block(2).file_name()[:2] / _block(2).file_name()
+    torn.write_bytes(b"torn" * 999 + b"TORN")
+
+    tier = _tier(tmp_path)
+    try:
+        assert tier.get(_block(1)) == b"kept" * 1000
+        assert tier.get(_block(2)) is None, "a block that fails its CRC-32 is dropped"
+        assert _block(2) not in tier
+    finally:
+        tier.close()
