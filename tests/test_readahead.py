@@ -9,7 +9,6 @@ short tail joined to the stream before it, and no stream for a reader that jumps
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 from collections.abc import Iterator
@@ -88,34 +87,11 @@ def test_a_sequential_reader_gets_streams_of_doubling_windows(tmp_path, stack):
 
     assert b"".join(read) == data
     # 8, then 16, 32, 64, 64; each asked for once the reader is within 8 blocks of the
-    # frontier; the last stops at the object's end. A window may be cut into several GETs
-    # side by side (`ranges.py`): the GETs tile the windows.
-    assert _windows(ref.store.streams, [0, 8, 24, 56, 120, 184, 200])
+    # frontier; the last stops at the object's end.
+    assert ref.store.streams == [range(0, 8), range(8, 24), range(24, 56), range(56, 120),
+                                 range(120, 184), range(184, 200)]
     assert ref.store.block_gets == []
     assert (state.window, state.frontier, state.next_block) == (MAX_WINDOW, 200, 200)
-
-
-def _windows(gets: list[range], edges: list[int]) -> bool:
-    """Whether `gets` tile [edges[0], edges[-1]) without overlap, each inside one window."""
-    gets = sorted(gets, key=lambda get: get.start)
-    tiled = all(before.stop == after.start for before, after in itertools.pairwise(gets))
-    inside = all(any(low <= get.start and get.stop <= high
-                     for low, high in itertools.pairwise(edges)) for get in gets)
-    return tiled and inside and gets[0].start == edges[0] and gets[-1].stop == edges[-1]
-
-
-def test_a_stream_is_cut_into_as_many_gets_as_its_width(tmp_path, stack):
-    ref, data = _object(tmp_path, 200)
-    widths = stack._stream_width
-    widths.measured(1, 8 * BLOCK, 1.0)  # one GET: then two are tried
-    widths.measured(2, 8 * BLOCK, 0.5)  # twice the throughput: then four
-    assert widths.width() == 4
-
-    read = _read_blocks(stack, ref, stack.new_read_ahead(), list(range(READ_AHEAD)))
-
-    assert b"".join(read) == data[:READ_AHEAD * BLOCK]
-    assert sorted(ref.store.streams, key=lambda get: get.start)[:4] == \
-        [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]
 
 
 def test_a_short_tail_joins_the_stream_before_it(tmp_path, stack):
@@ -123,7 +99,7 @@ def test_a_short_tail_joins_the_stream_before_it(tmp_path, stack):
 
     assert b"".join(_read_blocks(stack, ref, stack.new_read_ahead(),
                                  list(range(READ_AHEAD + 4)))) == data
-    assert _windows(ref.store.streams, [0, READ_AHEAD + 4]), "one window for the whole file"
+    assert ref.store.streams == [range(0, READ_AHEAD + 4)], "one GET for the whole file"
 
 
 def test_a_reader_that_jumps_streams_nothing_until_it_reads_on(tmp_path, stack):
@@ -136,7 +112,7 @@ def test_a_reader_that_jumps_streams_nothing_until_it_reads_on(tmp_path, stack):
     assert sorted(ref.store.block_gets) == [7, 50, 120], "only the blocks it touched"
 
     _read_blocks(stack, ref, state, [8])  # reads on from block 7: sequential again
-    assert _windows(ref.store.streams, [8, 8 + READ_AHEAD])
+    assert ref.store.streams == [range(8, 8 + READ_AHEAD)]
 
 
 def test_read_ahead_zero_streams_nothing(tmp_path, stack):

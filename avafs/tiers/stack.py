@@ -37,7 +37,6 @@ from ..objects import BlockId, ObjectRef, block_span
 from .cluster import ClusterTier
 from .disk import DiskTier
 from .ram import RamTier
-from .ranges import StreamClock, StreamWidth
 from .readahead import ReadAhead
 
 log = logging.getLogger(__name__)
@@ -56,9 +55,6 @@ CLUSTER_PIECE = 4
 """Blocks of a stream looked up in the cluster tier (their GETs side by side, then a
 conditional PUT and a GET for each missing one) before the ones this node claimed are read
 from the store in one request."""
-
-MOST_RANGES = 8
-"""Most ranged GETs one stream is cut into (StreamWidth learns how many pay, up to this)."""
 
 WRITE_BEHIND_THREADS = 2
 """Disk writes of streamed blocks at a time: a block of 1 MiB or more is a direct write (see
@@ -92,7 +88,6 @@ class TierStack:
         self._writers = ThreadPoolExecutor(max_workers=WRITE_BEHIND_THREADS,
                                            thread_name_prefix="avafs-disk-write")
         self._write_behind_room = threading.BoundedSemaphore(WRITE_BEHIND_BLOCKS)
-        self._stream_width = StreamWidth(min(MOST_RANGES, slots))
         self._loading: dict[BlockId, Future[bytes]] = {}
         self._lock = threading.Lock()
         self._wake_evictor = threading.Event()
@@ -283,16 +278,15 @@ class TierStack:
 
     def stream(self, ref: ObjectRef, first: int, count: int) -> int:
         """Bring the blocks of [first, first+count) towards RAM without blocking: blocks only
-        on the disk tier are promoted one by one, and the first run of blocks no tier has is
-        streamed, in as many ranged GETs side by side as have been measured to pay
-        (`ranges.py`). Returns the index up to which blocks are now in RAM or loading (the
-        caller's read-ahead frontier); it stops at the first block for which no fetch slot
-        was free.
+        on the disk tier are promoted one by one, and the first run of blocks no tier has
+        gets one streaming GET. Returns the index up to which blocks are now in RAM or
+        loading (the caller's read-ahead frontier); it stops at the first block for which
+        no fetch slot was free.
 
-        Why a GET per piece of a run, not per block: a sequential reader needs every block
-        anyway, and a ranged GET of several avoids a request's latency (and price) per block;
-        some servers also pay per request in proportion to the object's size (they read the
-        whole object for every range)."""
+        Why one request per run: a sequential reader needs every block anyway, and one ranged
+        GET avoids a request's latency (and price) per block; some servers also pay per
+        request in proportion to the object's size (they read the whole object for every
+        range)."""
         last = min(first + count, self.block_count(ref))
         index = first
         while index < last:
@@ -308,15 +302,7 @@ class TierStack:
         return index
 
     def _start_stream(self, ref: ObjectRef, index: int, last: int) -> int:
-        """Registers the run of missing blocks from `index` as loading and streams it, cut
-        into as many GETs side by side as StreamWidth says pay and fetch slots are free (each
-        GET holds one); the index where the run stopped."""
-        slots = 0
-        for _ in range(self._stream_width.width()):
-            if not self._slots.acquire(blocking=False):
-                break
-            slots += 1
-        if not slots:
+        if not self._slots.acquire(blocking=False):
             return index
         run: list[tuple[BlockId, Future[bytes]]] = []
         with self._lock:
@@ -325,21 +311,16 @@ class TierStack:
                 self._loading[block] = future
                 run.append((block, future))
                 index += 1
-        pieces = _cut(run, slots)
-        for _ in range(slots - len(pieces)):
+        if not run:
             self._slots.release()
-        if pieces:
-            size = sum(self._block_length(ref, block.index) for block, _ in run)
-            clock = StreamClock(self._stream_width, len(pieces), size)
-            for piece in pieces:
-                self._executor.submit(self._stream, ref, piece, clock)
+            return index
+        self._executor.submit(self._stream, ref, run)
         return index
 
     def _present(self, block: BlockId) -> bool:
         return block in self.ram or block in self._loading or block in self.disk
 
-    def _stream(self, ref: ObjectRef, run: list[tuple[BlockId, Future[bytes]]],
-                clock: StreamClock) -> None:
+    def _stream(self, ref: ObjectRef, run: list[tuple[BlockId, Future[bytes]]]) -> None:
         try:
             if self.cluster is None:
                 self._stream_from_store(ref, run)
@@ -347,7 +328,6 @@ class TierStack:
                 self._stream_through_cluster(ref, self.cluster, run)
         finally:
             self._slots.release()
-            clock.read_one()
 
     def _stream_through_cluster(self, ref: ObjectRef, cluster: ClusterTier,
                                 run: list[tuple[BlockId, Future[bytes]]]) -> None:
@@ -608,19 +588,6 @@ def _done(data: bytes) -> Future[bytes]:
     future: Future[bytes] = Future()
     future.set_result(data)
     return future
-
-
-def _cut(run: list[tuple[BlockId, Future[bytes]]], count: int
-         ) -> list[list[tuple[BlockId, Future[bytes]]]]:
-    """The run in at most `count` consecutive pieces as even as can be, the longer first."""
-    count = min(count, len(run))
-    pieces = []
-    start = 0
-    for number in range(count):
-        end = start - (start - len(run)) // (count - number)
-        pieces.append(run[start:end])
-        start = end
-    return pieces
 
 
 def _unbroken(run: list[tuple[BlockId, Future[bytes]]]
