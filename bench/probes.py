@@ -57,6 +57,8 @@ from mounts import AvafsMount, cpu_seconds, unmount_everything  # noqa: E402
 from workloads import WritePlan, drop_cached_pages  # noqa: E402
 
 ROUNDS = 3
+READ_PHASES = ("cold-large", "cold-small", "warm-large", "warm-small", "remount-large",
+               "remount-small")
 _ARGS = argparse.Namespace()
 """The command line, read once by main()."""
 
@@ -209,8 +211,10 @@ def probe_reads(server: s3server.Store, workdir: Path) -> None:
     """Cold (empty cache), warm (same mount) and remount (disk tier only, the cache dir's
     page cache dropped) reads of 4 x 64 MiB (one reader) and 1000 x 100 KiB files (8 readers),
     as the benchmark reads them, with the direct download's figures beside them. With `--base
-    DIR` each round mounts the avafs under DIR too, right before this tree's, so a change is
-    measured against the tree it changes in the same minutes (the machine's load moves)."""
+    DIR` each round mounts the avafs under DIR too, beside this tree's, so a change is
+    measured against the tree it changes in the same minutes (the machine's load moves), the
+    order of the two reversed every other round. `--only` picks phases (READ_PHASES); each
+    figure comes with the daemon's CPU seconds."""
     dataset = make_dataset(4, 64 * MiB, 1000, 100 * 1024)
     write_local(workdir / "data", dataset)
     client = server.client()
@@ -218,13 +222,15 @@ def probe_reads(server: s3server.Store, workdir: Path) -> None:
     trees = {"this": str(Path(__file__).resolve().parent.parent)}
     if _ARGS.base:
         trees = {"base": str(Path(_ARGS.base).resolve()), **trees}
+    only = set(_ARGS.only.split(",")) if _ARGS.only else set(READ_PHASES)
     results: dict[str, list[float]] = {}
-    for _ in range(_ARGS.rounds):
+    for number in range(_ARGS.rounds):
         size, seconds = timed_bytes(lambda: s3server.download_transfer(client, dataset.large))
         results.setdefault("direct   large MB/s", []).append(size / seconds / 1e6)
         _, seconds = timed_bytes(lambda: s3server.download_objects(client, dataset.small))
         results.setdefault("direct   small files/s", []).append(len(dataset.small) / seconds)
-        for tree, path in trees.items():
+        for tree, path in (list(trees.items()) if number % 2 == 0 else
+                           list(reversed(trees.items()))):
             os.environ["PYTHONPATH"] = path
             shutil.rmtree(workdir / "cache", ignore_errors=True)
             mount = AvafsMount(server, workdir / "mnt", 2**30, 10 * 2**30)
@@ -237,14 +243,21 @@ def probe_reads(server: s3server.Store, workdir: Path) -> None:
                     mount.mount(workdir / "cache")
                 for kind, names, threads in (("large MB/s", dataset.large, 1),
                                              ("small files/s", dataset.small, 8)):
+                    size_name = kind.split()[0]
+                    if not any(phase.endswith(size_name) for phase in only) or \
+                            (label != "cold" and f"{label}-{size_name}" not in only):
+                        continue  # a cold read stays: a later phase needs what it cached
                     if label == "warm":
                         read_all(mount.mountpoint, names, threads)
+                    before = cpu_seconds(mount.pid)
                     size, seconds = read_all(mount.mountpoint, names, threads)
                     rate = size / seconds / 1e6 if threads == 1 else len(names) / seconds
                     results.setdefault(f"{tree} {label:8} {kind}", []).append(rate)
+                    results.setdefault(f"{tree} {label:8} {size_name} daemon CPU-s", []).append(
+                        cpu_seconds(mount.pid) - before)
             mount.unmount()
     for label, rates in sorted(results.items()):
-        print(f"{label:28} {median(rates):8.0f}  (rounds: {', '.join(f'{r:.0f}' for r in rates)})")
+        print(f"{label:34} {median(rates):8.2f}  (rounds: {', '.join(f'{r:.2f}' for r in rates)})")
     print(f"load average {' '.join(f'{value:.1f}' for value in os.getloadavg())}")
 
 
@@ -428,7 +441,14 @@ def main() -> int:
                         help="`reads` only: a tree holding another avafs package (such as "
                              "`git archive main avafs | tar -x -C DIR`), mounted in every "
                              "round beside this one")
+    parser.add_argument("--only", metavar="PHASES",
+                        help=f"`reads` only: comma-separated phases of {', '.join(READ_PHASES)} "
+                             "(default: all)")
     parser.parse_args(namespace=_ARGS)
+    unknown = set(_ARGS.only.split(",")) - set(READ_PHASES) if _ARGS.only else set()
+    if unknown:
+        parser.error(f"unknown phase {', '.join(sorted(unknown))}: pick from "
+                     f"{', '.join(READ_PHASES)}")
     os.environ.update(s3server.CREDENTIALS)
     workdir = Path(tempfile.mkdtemp(prefix="avafs-probe-"))
     server = s3server.start_store(_ARGS.store, workdir)
