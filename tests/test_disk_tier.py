@@ -12,6 +12,8 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from avafs.objects import BlockId
 from avafs.tiers.disk import DiskTier
 
@@ -117,5 +119,24 @@ def test_blocks_recorded_with_a_crc32_are_still_served_and_still_checked(tmp_pat
         assert tier.get(_block(1)) == b"kept" * 1000
         assert tier.get(_block(2)) is None, "a block that fails its CRC-32 is dropped"
         assert _block(2) not in tier
+    finally:
+        tier.close()
+
+
+@pytest.mark.parametrize("damage", [
+    lambda data: data + b"x",          # grew
+    lambda data: data[:-1],            # cut short
+    lambda data: data[:-1] + b"?",     # same size, other bytes: the checksum tells
+])
+def test_a_damaged_block_file_is_dropped_on_read(tmp_path, damage):
+    tier = _tier(tmp_path)
+    try:
+        data = bytes(range(256)) * 64
+        tier.put(_block(3), data)
+        path = tmp_path / "blocks" / _block(3).file_name()[:2] / _block(3).file_name()
+        path.write_bytes(damage(data))
+
+        assert tier.get(_block(3)) is None
+        assert _block(3) not in tier
     finally:
         tier.close()

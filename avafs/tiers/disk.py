@@ -47,6 +47,21 @@ _CHECKSUMS = {CRC32: zlib.crc32, CRC32C: google_crc32c.value}
 BLOCKS_DIR = "blocks"
 
 
+def _read_at_most(path: Path, size: int) -> bytes | None:
+    """Up to `size` bytes of the file, None if it is gone: one open and one read, which the
+    FUSE loop runs for every small block after a remount (`Path.read_bytes` stats the file
+    and reads it through a buffered file object: several times the Python work). Asking for
+    one byte more than the recorded size shows a file that grew as damaged."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        return os.read(fd, size)
+    finally:
+        os.close(fd)
+
+
 def _relative_path(block: BlockId) -> str:
     name = block.file_name()
     return f"{BLOCKS_DIR}/{name[:2]}/{name}"
@@ -153,10 +168,7 @@ class DiskTier(TierAccounting):
             if record is None:
                 return None
             self._lru.touch(block)
-        try:
-            data = self._path(block).read_bytes()
-        except FileNotFoundError:
-            data = None
+        data = _read_at_most(self._path(block), record[0] + 1)
         if data is None or len(data) != record[0] or _CHECKSUMS[record[2]](data) != record[1]:
             log.warning("disk tier: dropping damaged or missing block of %s", block.key)
             self.discard([block])
