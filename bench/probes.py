@@ -54,12 +54,16 @@ from common import (  # noqa: E402
     write_local,
 )
 from mounts import AvafsMount, cpu_seconds, unmount_everything  # noqa: E402
-from workloads import WritePlan  # noqa: E402
+from workloads import WritePlan, drop_cached_pages  # noqa: E402
 
 ROUNDS = 3
+READ_PHASES = ("cold-large", "cold-small", "warm-large", "warm-small", "remount-large",
+               "remount-small")
+_ARGS = argparse.Namespace()
+"""The command line, read once by main()."""
 
 
-def probe_ranges(server: s3server.MotoServer, workdir: Path) -> None:
+def probe_ranges(server: s3server.Store, workdir: Path) -> None:
     """MB/s of 4 x 64 MiB objects read in ranged GETs of 4, 16 and 64 MiB."""
     dataset = make_dataset(4, 64 * MiB, 0, 0)
     write_local(workdir / "data", dataset)
@@ -96,7 +100,7 @@ def probe_ranges(server: s3server.MotoServer, workdir: Path) -> None:
           f"(rounds: {', '.join(f'{r:.0f}' for r in rates)})")
 
 
-def _bench_mount(server: s3server.MotoServer, workdir: Path,
+def _bench_mount(server: s3server.Store, workdir: Path,
                  options: tuple[str, ...] = ()) -> AvafsMount:
     """avafs mounted with the benchmark's cache sizes, its cache under `workdir`."""
     mount = AvafsMount(server, workdir / "mnt", 2**30, 10 * 2**30, options)
@@ -104,7 +108,7 @@ def _bench_mount(server: s3server.MotoServer, workdir: Path,
     return mount
 
 
-def _avafs_mount(server: s3server.MotoServer, workdir: Path, names: list[str],
+def _avafs_mount(server: s3server.Store, workdir: Path, names: list[str],
                  root: Path, options: tuple[str, ...] = ()) -> AvafsMount:
     s3server.upload_files(server.client(), root, names)
     return _bench_mount(server, workdir, options)
@@ -124,7 +128,7 @@ def _read_ahead_file(mountpoint: Path) -> Path:
     return Path(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb")
 
 
-def probe_read_size(server: s3server.MotoServer, workdir: Path) -> None:
+def probe_read_size(server: s3server.Store, workdir: Path) -> None:
     """Large files already in the RAM tier, read through the mount with the kernel's page
     cache dropped, at read-ahead 128 KiB (the FUSE default: 128 KiB READ requests) and
     larger (1 MiB READs, the most libfuse's default max_pages allows)."""
@@ -182,7 +186,7 @@ def _fuse_replies(pid: int, action: Callable[[], object]) -> int:
     return count
 
 
-def probe_requests(server: s3server.MotoServer, workdir: Path) -> None:
+def probe_requests(server: s3server.Store, workdir: Path) -> None:
     """FUSE requests per small file read, on a mount that takes writes and on a read-only
     one (which answers FLUSH with ENOSYS, so the kernel stops sending it)."""
     _require("strace", "strace", "requests")
@@ -203,35 +207,68 @@ def probe_requests(server: s3server.MotoServer, workdir: Path) -> None:
             mount.unmount()
 
 
-def probe_reads(server: s3server.MotoServer, workdir: Path) -> None:
-    """Cold (empty cache), warm (same mount) and remount (disk tier only) reads of
-    4 x 64 MiB (one reader) and 1000 x 100 KiB files (8 readers), as the benchmark reads them."""
+def probe_reads(server: s3server.Store, workdir: Path) -> None:
+    """Cold (empty cache), warm (same mount) and remount (disk tier only, the cache dir's
+    page cache dropped) reads of 4 x 64 MiB (one reader) and 1000 x 100 KiB files (8 readers),
+    as the benchmark reads them, with the direct download's figures beside them. With `--base
+    DIR` each round mounts the avafs under DIR too, beside this tree's, so a change is
+    measured against the tree it changes in the same minutes (the machine's load moves), the
+    order of the two reversed every other round. `--only` picks phases (READ_PHASES); each
+    figure comes with the daemon's CPU seconds."""
     dataset = make_dataset(4, 64 * MiB, 1000, 100 * 1024)
     write_local(workdir / "data", dataset)
-    s3server.upload_files(server.client(), workdir / "data", dataset.large + dataset.small)
+    client = server.client()
+    s3server.upload_files(client, workdir / "data", dataset.large + dataset.small)
+    trees = {"this": str(Path(__file__).resolve().parent.parent)}
+    if _ARGS.base:
+        trees = {"base": str(Path(_ARGS.base).resolve()), **trees}
+    only = set(_ARGS.only.split(",")) if _ARGS.only else set(READ_PHASES)
     results: dict[str, list[float]] = {}
-    for _ in range(ROUNDS):
-        shutil.rmtree(workdir / "cache", ignore_errors=True)
-        mount = AvafsMount(server, workdir / "mnt", 2**30, 10 * 2**30)
-        for label in ("cold", "warm", "remount"):
-            if label == "remount":
-                mount.unmount()
-                mount.mount(workdir / "cache")
-            elif label == "cold":
-                mount.mount(workdir / "cache")
-            for kind, names, threads in (("large MB/s", dataset.large, 1),
-                                         ("small files/s", dataset.small, 8)):
-                if label == "warm":
-                    read_all(mount.mountpoint, names, threads)
-                size, seconds = read_all(mount.mountpoint, names, threads)
-                rate = size / seconds / 1e6 if threads == 1 else len(names) / seconds
-                results.setdefault(f"{label:8} {kind}", []).append(rate)
-        mount.unmount()
-    for label, rates in results.items():
-        print(f"{label:24} {median(rates):8.0f}  (rounds: {', '.join(f'{r:.0f}' for r in rates)})")
+    for number in range(_ARGS.rounds):
+        size, seconds = timed_bytes(lambda: s3server.download_transfer(client, dataset.large))
+        results.setdefault("direct   large MB/s", []).append(size / seconds / 1e6)
+        _, seconds = timed_bytes(lambda: s3server.download_objects(client, dataset.small))
+        results.setdefault("direct   small files/s", []).append(len(dataset.small) / seconds)
+        for tree, path in (list(trees.items()) if number % 2 == 0 else
+                           list(reversed(trees.items()))):
+            os.environ["PYTHONPATH"] = path
+            shutil.rmtree(workdir / "cache", ignore_errors=True)
+            mount = AvafsMount(server, workdir / "mnt", 2**30, 10 * 2**30)
+            for label in ("cold", "warm", "remount"):
+                if label == "remount":
+                    mount.unmount()
+                    drop_cached_pages(workdir / "cache")
+                    mount.mount(workdir / "cache")
+                elif label == "cold":
+                    mount.mount(workdir / "cache")
+                for kind, names, threads in (("large MB/s", dataset.large, 1),
+                                             ("small files/s", dataset.small, 8)):
+                    size_name = kind.split()[0]
+                    if not any(phase.endswith(size_name) for phase in only) or \
+                            (label != "cold" and f"{label}-{size_name}" not in only):
+                        continue  # a cold read stays: a later phase needs what it cached
+                    if label == "warm":
+                        read_all(mount.mountpoint, names, threads)
+                    before = cpu_seconds(mount.pid)
+                    size, seconds = read_all(mount.mountpoint, names, threads)
+                    rate = size / seconds / 1e6 if threads == 1 else len(names) / seconds
+                    results.setdefault(f"{tree} {label:8} {kind}", []).append(rate)
+                    results.setdefault(f"{tree} {label:8} {size_name} daemon CPU-s", []).append(
+                        cpu_seconds(mount.pid) - before)
+            mount.unmount()
+    for label, rates in sorted(results.items()):
+        print(f"{label:34} {median(rates):8.2f}  (rounds: {', '.join(f'{r:.2f}' for r in rates)})")
+    print(f"load average {' '.join(f'{value:.1f}' for value in os.getloadavg())}")
 
 
-def probe_pyfuse3_ceiling(server: s3server.MotoServer, workdir: Path) -> None:
+def timed_bytes(action: Callable[[], int]) -> tuple[int, float]:
+    """(what `action` returned, its seconds)."""
+    started = time.perf_counter()
+    size = action()
+    return size, time.perf_counter() - started
+
+
+def probe_pyfuse3_ceiling(server: s3server.Store, workdir: Path) -> None:
     mountpoint = workdir / "trivial"
     mountpoint.mkdir()
     files = 2000
@@ -255,12 +292,12 @@ def probe_pyfuse3_ceiling(server: s3server.MotoServer, workdir: Path) -> None:
         process.wait(timeout=30)
 
 
-def _large_write_mount(server: s3server.MotoServer, workdir: Path) -> tuple[WritePlan, AvafsMount]:
+def _large_write_mount(server: s3server.Store, workdir: Path) -> tuple[WritePlan, AvafsMount]:
     """The benchmark's 1 GiB write, and a mount with the benchmark's cache sizes to take it."""
     return WritePlan.make(2**30, 0, 0), _bench_mount(server, workdir)
 
 
-def probe_writes(server: s3server.MotoServer, workdir: Path) -> None:
+def probe_writes(server: s3server.Store, workdir: Path) -> None:
     """1 GiB written sequentially in 1 MiB writes, then the mount's flush (the time until
     durable in the store), against boto3's managed upload of the same file from local disk.
 
@@ -273,10 +310,10 @@ def probe_writes(server: s3server.MotoServer, workdir: Path) -> None:
     rates: dict[str, list[float]] = {"avafs": [], "direct": []}
 
     def phase(action: Callable[[], object]) -> tuple[float, str]:
-        daemon, moto = cpu_seconds(mount.pid), cpu_seconds(server.process.pid)
+        daemon, store = cpu_seconds(mount.pid), _server_cpu(server)
         seconds = timed(action)
         return seconds, (f"{seconds:.1f} s (CPU: daemon {cpu_seconds(mount.pid) - daemon:.1f} s, "
-                         f"server {cpu_seconds(server.process.pid) - moto:.1f} s)")
+                         f"server {_server_cpu(server) - store:.1f} s)")
 
     try:
         for number in range(ROUNDS):
@@ -298,6 +335,14 @@ def probe_writes(server: s3server.MotoServer, workdir: Path) -> None:
     print(f"ratio   {median(rates['avafs']) / median(rates['direct']):.2f}x direct")
 
 
+def _server_cpu(server: s3server.Store) -> float:
+    """CPU seconds of the S3 server's processes so far (SeaweedFS runs several)."""
+    if isinstance(server, s3server.MotoServer):
+        return cpu_seconds(server.process.pid)
+    return sum(cpu_seconds(process.pid) for process in server.cluster.processes
+               if process.pid is not None)
+
+
 def _perf_shares(recording: Path, sort: str, top: int) -> str:
     """The `top` largest shares of the samples in `recording`, by library or by symbol."""
     report = subprocess.run(["perf", "report", "-i", str(recording), "--stdio",
@@ -308,7 +353,7 @@ def _perf_shares(recording: Path, sort: str, top: int) -> str:
     return ", ".join(f"{share} {name.strip()}" for share, name in shares[:top])
 
 
-def probe_write_profile(server: s3server.MotoServer, workdir: Path) -> None:
+def probe_write_profile(server: s3server.Store, workdir: Path) -> None:
     """Where the daemon's CPU goes while 1 GiB is written and its parts go up: perf samples
     the whole process, so the kernel's copies and the hashing libraries show next to Python,
     which py-spy alone cannot weigh against them."""
@@ -347,7 +392,7 @@ def _context_switches(pid: int, action: Callable[[], object]) -> tuple[float, in
     return seconds, int(lines[0].split(",")[0])
 
 
-def probe_small_writes(server: s3server.MotoServer, workdir: Path) -> None:
+def probe_small_writes(server: s3server.Store, workdir: Path) -> None:
     """2000 x 100 KiB files from 8 writers until durable in the store (the benchmark's small
     writes, shorter), against the direct upload of as many objects. It also prints the
     daemon's CPU and thread switches per file: changes to the write path move those, while
@@ -388,13 +433,28 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("probe", choices=sorted(PROBES))
-    args = parser.parse_args()
+    parser.add_argument("--store", choices=s3server.STORES, default=s3server.STORES[0],
+                        help="the S3 server on loopback (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS,
+                        help="rounds of `reads` (default: %(default)s)")
+    parser.add_argument("--base", metavar="DIR",
+                        help="`reads` only: a tree holding another avafs package (such as "
+                             "`git archive main avafs | tar -x -C DIR`), mounted in every "
+                             "round beside this one")
+    parser.add_argument("--only", metavar="PHASES",
+                        help=f"`reads` only: comma-separated phases of {', '.join(READ_PHASES)} "
+                             "(default: all)")
+    parser.parse_args(namespace=_ARGS)
+    unknown = set(_ARGS.only.split(",")) - set(READ_PHASES) if _ARGS.only else set()
+    if unknown:
+        parser.error(f"unknown phase {', '.join(sorted(unknown))}: pick from "
+                     f"{', '.join(READ_PHASES)}")
     os.environ.update(s3server.CREDENTIALS)
     workdir = Path(tempfile.mkdtemp(prefix="avafs-probe-"))
-    server = s3server.MotoServer(workdir / "moto.log")
+    server = s3server.start_store(_ARGS.store, workdir)
     try:
         server.client().create_bucket(Bucket=s3server.BUCKET)
-        PROBES[args.probe](server, workdir)
+        PROBES[_ARGS.probe](server, workdir)
     finally:
         unmount_everything()
         server.stop()

@@ -1,15 +1,20 @@
-"""The disk tier's start-up sweep of block files a crash left unindexed.
+"""The disk tier's start-up sweep of block files a crash left unindexed, and its checks of
+the block files it reads.
 
 The sweep runs in the background while the mount already caches blocks, so it must tell a
 crash's leftovers from files written after it listed the index: once, it took the latter for
-the former and deleted blocks readers had just fetched.
+the former and deleted blocks readers had just fetched. A block file whose size or checksum
+(CRC-32C, or CRC-32 in records from before) does not match its record is dropped, not served.
 """
 
 from __future__ import annotations
 
+import struct
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from avafs.objects import BlockId
 from avafs.tiers.disk import DiskTier
@@ -84,3 +89,56 @@ def test_a_crash_leftover_rewritten_while_the_sweep_runs_is_kept(tmp_path):
 
     assert tier.get(_block(3)) == b"fetched again"
     tier.close()
+
+
+def _rewrite_records_as_crc32(root: Path) -> None:
+    """Turns the index into what a tier from before CRC-32C left: size, CRC-32, sequence,
+    reads."""
+    import zlib
+
+    from rocksdict import Options, Rdict
+
+    index = Rdict(str(root / "index"), options=Options(raw_mode=True))
+    for key, value in list(index.items()):
+        size, _, sequence, reads, _ = struct.unpack("<QIQIB", value)
+        block = BlockId.decode(key.decode())
+        data = (root / "blocks" / block.file_name()[:2] / block.file_name()).read_bytes()
+        index[key] = struct.pack("<QIQI", size, zlib.crc32(data), sequence, reads)
+    index.close()
+
+
+def test_blocks_recorded_with_a_crc32_are_still_served_and_still_checked(tmp_path):
+    tier = _tier(tmp_path)
+    tier.put(_block(1), b"kept" * 1000)
+    tier.put(_block(2), b"torn" * 1000)
+    tier.close()
+    _rewrite_records_as_crc32(tmp_path)
+    torn = tmp_path / "blocks" / _block(2).file_name()[:2] / _block(2).file_name()
+    torn.write_bytes(b"torn" * 999 + b"TORN")
+
+    tier = _tier(tmp_path)
+    try:
+        assert tier.get(_block(1)) == b"kept" * 1000
+        assert tier.get(_block(2)) is None, "a block that fails its CRC-32 is dropped"
+        assert _block(2) not in tier
+    finally:
+        tier.close()
+
+
+@pytest.mark.parametrize("damage", [
+    lambda data: data + b"x",          # grew
+    lambda data: data[:-1],            # cut short
+    lambda data: data[:-1] + b"?",     # same size, other bytes: the checksum tells
+])
+def test_a_damaged_block_file_is_dropped_on_read(tmp_path, damage):
+    tier = _tier(tmp_path)
+    try:
+        data = bytes(range(256)) * 64
+        tier.put(_block(3), data)
+        path = tmp_path / "blocks" / _block(3).file_name()[:2] / _block(3).file_name()
+        path.write_bytes(damage(data))
+
+        assert tier.get(_block(3)) is None
+        assert _block(3) not in tier
+    finally:
+        tier.close()
