@@ -268,7 +268,8 @@ def prepare(args: argparse.Namespace, workdir: Path, server: s3server.Store,
     s3server.put_empty(client, tree)
     for mount in mounts:
         if isinstance(mount, JuicefsMount):
-            mount.load(local_root, dataset.large + dataset.small + tree + training.names,
+            mount.load(local_root, dataset.large + dataset.small + tree
+                       + (training.imagenet.small if training.imagenet else []),
                        workdir / "juicefs-load-cache")
     return Setup(workdir, local_root, dataset, args.tree, plan, write_source, client, results,
                  profiler, args.peer_writes, args.flush_timeout)
