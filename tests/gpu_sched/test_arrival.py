@@ -17,6 +17,7 @@ from gpu_sched.arrival import (
     Cluster,
     FgdArrival,
     arrival_order,
+    make_arrival_policy,
     pod_shape,
     run_arrival,
 )
@@ -70,6 +71,39 @@ def test_gpu_model_and_sharing_are_honoured(tmp_path: Path, policy: str) -> None
     assert report["pods_arrived"] == len(names) == 6
     assert report["failed"] == 6 - placed
     assert report["unallocated_gpus"] == pytest.approx(4 - placed * 0.6)
+
+
+@pytest.mark.parametrize("short", [False, True])
+@pytest.mark.parametrize("policy", ARRIVAL_POLICIES)
+def test_a_multi_gpu_pod_takes_all_its_gpus_on_one_node(tmp_path: Path, policy: str,
+                                                        short: bool) -> None:
+    """Three 2-GPU pods (100% demand) on two 3-GPU nodes: one per node, the third fails."""
+    nodes, pods = write_trace(tmp_path, ["a,96000,1000000,3,G2", "b,96000,1000000,3,G2"],
+                              ["pair,4000,10000,2,1000"], short)
+    report = run_arrival(nodes, pods, policy, demand=1.0, seed=1)
+    assert report["pods_arrived"] == 3
+    assert report["failed"] == 1
+    assert report["unallocated_gpus"] == 2
+    assert report["allocation_at_demand"] == pytest.approx(4 / 6)
+
+
+@pytest.mark.parametrize("policy, eight_gpu_pod_fits", [
+    ("fgd", True), ("binpack", True), ("spread", False)])
+def test_packing_policies_keep_a_whole_machine_for_the_eight_gpu_pod(
+        policy: str, eight_gpu_pod_fits: bool) -> None:
+    """One of two 8-GPU nodes runs a 1-GPU pod; another 1-GPU pod, then an 8-GPU pod arrive."""
+    cluster = Cluster([TraceNode("busy", 96000, 1_000_000, 8, "G"),
+                       TraceNode("idle", 96000, 1_000_000, 8, "G")])
+    one, eight = Shape(1000, 1000, 1, 1000), Shape(8000, 8000, 8, 1000)
+    cluster.take(0, [0], one)
+    chooser = make_arrival_policy(policy, cluster, [one] * 9 + [eight],
+                                  np.random.default_rng(0))
+    for shape in (one, eight):
+        choice = chooser.choose(shape, cluster.feasible(shape))
+        if choice is not None:
+            cluster.take(choice[0], choice[1], shape)
+            chooser.placed(choice[0])
+    assert cluster.used_milli == (10_000 if eight_gpu_pod_fits else 2000)
 
 
 def arrival_order_names(nodes: list[TraceNode], pods: list[Any], demand: float,
