@@ -90,7 +90,7 @@ class ClusterTier:
                  fill_memory: int = FILL_MEMORY, fill_wait: float = FILL_WAIT,
                  fill_timeout: float = FILL_TIMEOUT) -> None:
         self.bucket = bucket.for_blocks()
-        self._writer = bucket.for_blocks(fill_timeout)
+        self._writer = self.bucket.for_blocks(fill_timeout)
         """Fills and the mount's first write, with the longer limit (module docstring)."""
         self.url = bucket.url
         self.block_size = block_size
