@@ -187,6 +187,28 @@ def test_fills_never_block_and_are_dropped_past_their_memory(nodes, seaweed):
     assert node.count("cluster_fills") == 2
 
 
+def test_closing_writes_queued_fills_for_a_bounded_time(nodes, seaweed):
+    """A store slow enough that each write takes about a second, but succeeds: closing writes
+    what is queued for `close_wait`, finishes the writes under way and drops the rest."""
+    from fault_proxy import FaultProxy
+
+    (nodes.origin / "queued").write_bytes(os.urandom(12 * BLOCK))
+    proxy = FaultProxy(int(seaweed.endpoint.rsplit(":", 1)[1]), rate=BLOCK)
+    try:
+        node = nodes(endpoint=proxy.endpoint, timeout=10.0, close_wait=0.5)
+        proxy.mode = "slow"
+        ref = node.ref("queued")
+        for index in range(12):
+            node.cluster.fill(ref.block(index), os.urandom(BLOCK))
+        started = time.monotonic()
+        node.cluster.close()
+        assert time.monotonic() - started < 6, "12 writes of about 1 s on 2 threads take 6 s"
+        written, dropped = node.count("cluster_fills"), node.count("cluster_fills_dropped")
+        assert written + dropped == 12 and dropped >= 4
+    finally:
+        proxy.close()
+
+
 def test_a_second_node_waits_for_the_block_the_first_claimed(nodes):
     data = os.urandom(BLOCK)
     (nodes.origin / "shared").write_bytes(data)

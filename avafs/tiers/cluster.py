@@ -77,6 +77,9 @@ PAUSE_AFTER_ERROR = 5.0
 FILL_TIMEOUT = 30.0
 """Seconds a block's write (or the mount's first write) may take besides its transfer: no
 reader waits for it, and a fresh bucket's first writes wait for its volumes to be made."""
+CLOSE_WAIT = 20.0
+"""Seconds `close` goes on writing queued blocks before it drops the rest: with writes of up
+to FILL_TIMEOUT each, a slow store would otherwise hold an unmount for minutes."""
 _FIRST_POLL = 0.02
 _LAST_POLL = 0.2
 _SIZE = "avafs-size"
@@ -88,15 +91,18 @@ class ClusterTier:
 
     def __init__(self, bucket: ClusterBucket, block_size: int, metrics: Metrics,
                  fill_memory: int = FILL_MEMORY, fill_wait: float = FILL_WAIT,
-                 fill_timeout: float = FILL_TIMEOUT) -> None:
+                 fill_timeout: float = FILL_TIMEOUT, close_wait: float = CLOSE_WAIT) -> None:
         self.bucket = bucket.for_blocks()
-        self._writer = bucket.for_blocks(fill_timeout)
+        self._writer = self.bucket.for_blocks(fill_timeout)
         """Fills and the mount's first write, with the longer limit (module docstring)."""
         self.url = bucket.url
         self.block_size = block_size
         self.metrics = metrics
         self.fill_memory = fill_memory
         self.fill_wait = fill_wait
+        self.close_wait = close_wait
+        self._write_until = float("inf")
+        """When fills stop being written (`close`)."""
         self.bucket.prepare_clients(block_size)
         self._writer.prepare_clients(block_size)
         self._node = socket.gethostname().encode() or b"avafs"
@@ -360,7 +366,7 @@ class ClusterTier:
             try:
                 if data is not None:
                     try:
-                        if self.filling:
+                        if self.filling and time.monotonic() < self._write_until:
                             self.fill_now(block, data)
                         else:
                             self.metrics.cluster_fills_dropped.inc()
@@ -404,7 +410,9 @@ class ClusterTier:
                 return
 
     def close(self) -> None:
-        """Write what is queued (each write bounded by the store's timeouts), then stop."""
+        """Write what is queued for at most `close_wait` seconds (and the writes then under
+        way, each bounded by the fill limit), drop the rest (counted), then stop."""
+        self._write_until = time.monotonic() + self.close_wait
         self._lookups.shutdown()
         for _ in self._threads:
             self._fills.put(None)

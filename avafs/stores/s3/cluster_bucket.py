@@ -65,13 +65,16 @@ def cluster_session(profile: str | None, checksums: bool = True) -> boto3.sessio
 
 class ClusterBucket(S3Store):
     def __init__(self, bucket: str, prefix: str, endpoint_url: str | None,
-                 profile: str | None, limits: StoreLimits, checksums: bool = True) -> None:
+                 profile: str | None, limits: StoreLimits, checksums: bool = True,
+                 session: boto3.session.Session | None = None) -> None:
         """One try per request (attempts=1): the tier is a cache, and the origin is the
-        retry of a cache request that failed. `checksums`: see `cluster_session`."""
+        retry of a cache request that failed. `checksums`: see `cluster_session`; a given
+        `session` must have been made with the same."""
         super().__init__(bucket, prefix, endpoint_url, None, max_connections=32, limits=limits,
-                         session=cluster_session(profile, checksums), attempts=1)
+                         session=session or cluster_session(profile, checksums), attempts=1)
         self._endpoint_url = endpoint_url
         self._profile = profile
+        self._checksums = checksums
 
     @property
     def timeout(self) -> float:
@@ -82,10 +85,12 @@ class ClusterBucket(S3Store):
         """The same bucket with clients of its own for blocks whose bytes the caller checks
         (the cluster tier's CRC32 in each block's metadata), so botocore does not compute a
         second CRC32 of every block sent and received; its requests may take `timeout`
-        seconds (default: this bucket's) plus the transfer."""
+        seconds (default: this bucket's) plus the transfer. Made from such a bucket, it
+        shares its session (the S3 service model is parsed once per session)."""
         limits = self._limits if timeout is None else replace(self._limits, timeout=timeout)
         return ClusterBucket(self.bucket, self.prefix, self._endpoint_url, self._profile,
-                             limits, checksums=False)
+                             limits, checksums=False,
+                             session=None if self._checksums else self._session)
 
     def prepare_clients(self, largest: int) -> None:
         """Create now the client of every size class up to a `largest`-byte block: creating
