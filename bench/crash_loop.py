@@ -332,8 +332,12 @@ def describe(data: Content) -> str:
 
 
 class CrashLoop:
-    def __init__(self, endpoint: str, bucket: str, workdir: Path, seed: int) -> None:
+    def __init__(self, endpoint: str, bucket: str, workdir: Path, seed: int,
+                 kill_within: float = 2.0) -> None:
+        """The kill of each cycle lands at a random moment up to `kill_within` seconds after
+        its work began."""
         self.endpoint = endpoint
+        self.kill_within = kill_within
         self.bucket = bucket
         self.mnt = workdir / "mnt"
         self.cache = workdir / "cache"
@@ -376,7 +380,7 @@ class CrashLoop:
                 worker.killed.set()
                 os.kill(pid, 9)
 
-            killer = threading.Timer(self.rng.uniform(0.1, 2.0), kill)
+            killer = threading.Timer(self.rng.uniform(0.1, self.kill_within), kill)
             killer.start()
             worker.run()
             killer.join()
@@ -488,6 +492,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--big-every", type=int, default=10, metavar="N",
                         help="write one 70 MiB file (streamed in parts) every N cycles; 0: never")
+    parser.add_argument("--kill-within", type=float, default=2.0, metavar="SECONDS",
+                        help="latest moment of each cycle's kill (default 2); a loaded machine "
+                        "needs more for a big write to be acknowledged before it")
     parser.add_argument("--endpoint", help="an S3 endpoint to use (default: start moto)")
     parser.add_argument("--bucket", help="with --endpoint: an existing, empty bucket")
     parser.add_argument("--workdir", type=Path, help="where the mount and cache go")
@@ -503,7 +510,7 @@ def main() -> int:
         endpoint, bucket = server.endpoint, "crash-loop"
     else:
         endpoint, bucket = args.endpoint, args.bucket
-    loop = CrashLoop(endpoint, bucket, workdir, args.seed)
+    loop = CrashLoop(endpoint, bucket, workdir, args.seed, args.kill_within)
     started = time.monotonic()
     try:
         for number in range(args.cycles):
