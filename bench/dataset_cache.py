@@ -205,7 +205,7 @@ def main() -> int:
                     try:
                         results[system].append(run(system, case, server, proxy, work,
                                                    disk_cache, args.epochs))
-                    except RuntimeError as error:
+                    except (RuntimeError, OSError) as error:  # a hung unmount, a store too slow
                         print(f"{system:<15} failed: {error}", flush=True)
                         continue
                     if args.runs > 1:
