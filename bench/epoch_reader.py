@@ -9,7 +9,10 @@ then `--epochs` timed epochs. It prints one JSON line: the median samples/s, and
 CPU seconds per epoch of `--daemon-pid` (read from /proc, which the namespace still shows).
 
     python3 bench/epoch_reader.py {torch,tf} ROOT --samples N [--workers N] [--epochs N]
-                                  [--on-mount] [--daemon-pid PID]
+                                  [--view {local,host,pod}] [--daemon-pid PID]
+
+`--view` is checked before anything is timed: `host` must reach the mount's control socket,
+`pod` must not (a namespace that failed to hide it would measure the host's view twice).
 """
 
 from __future__ import annotations
@@ -28,6 +31,18 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 from mounts import cpu_seconds  # noqa: E402
 
 BATCH = 64
+
+
+def check_view(root: Path, view: str) -> None:
+    """Refuse to time a view that is not the one asked for."""
+    if view == "local":
+        return
+    from adapters.mounts import client_for
+
+    visible = client_for(root, require_mount=True) is not None
+    if visible != (view == "host"):
+        raise SystemExit(f"{view} view asked for, but the control socket of the mount holding "
+                         f"{root} is {'visible' if visible else 'not visible'} here")
 
 
 def torch_epochs(root: Path, workers: int, on_mount: bool) -> Callable[[], int]:
@@ -67,11 +82,13 @@ def main() -> int:
                         help="samples an epoch must yield (a short epoch is an error)")
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers (torch)")
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs")
-    parser.add_argument("--on-mount", action="store_true",
-                        help="the root is in an avafs mount (require_mount=True)")
+    parser.add_argument("--view", choices=("local", "host", "pod"), default="local",
+                        help="local: a plain directory; host: an avafs mount whose control "
+                             "socket is reachable; pod: one whose socket is hidden")
     parser.add_argument("--daemon-pid", type=int, help="the serving process to charge CPU to")
     args = parser.parse_args()
-    epoch = READERS[args.framework](args.root, args.workers, args.on_mount)
+    check_view(args.root, args.view)
+    epoch = READERS[args.framework](args.root, args.workers, args.view != "local")
     epoch()
     rates, cpu = [], []
     for _ in range(args.epochs):

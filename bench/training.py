@@ -232,7 +232,8 @@ class TrainingRound(FuseRound):
                    str(len(data.small)), "--workers", str(workers), "--epochs",
                    str(self.plan.epochs)]
         if root.is_relative_to(self.mount.mountpoint):
-            command += ["--on-mount", "--daemon-pid", str(self.mount.pid)]
+            command += ["--view", "host" if covered is None else "pod",
+                        "--daemon-pid", str(self.mount.pid)]
         if covered is not None:
             command = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
                        f"mount -t tmpfs none {shlex.quote(str(covered))} && exec "
