@@ -231,3 +231,29 @@ def test_a_kill_before_the_upload_id_is_journaled_leaves_no_upload_open(s3_serve
         time.sleep(0.1)
     [left] = uploads_in_progress(s3_server, bucket)
     assert left["UploadId"] == others["UploadId"], "another writer's upload is left alone"
+
+
+def test_a_kill_during_a_large_copy_leaves_no_upload_open(s3_server, bucket, s3_mount, proxy):
+    """Renaming a large file is a copy the store's client makes in parts of its own, whose
+    upload id never reaches avafs. A kill during it (the proxy holds the answer to its
+    CreateMultipartUpload) leaves the intent journaled around it, by which the next mount
+    aborts that upload."""
+    data = payload(11, 70 * MiB)
+    s3_server.client().put_object(Bucket=bucket, Key="big.bin", Body=data)
+    mnt = s3_mount(endpoint=proxy.endpoint)
+    assert os.listdir(mnt) == ["big.bin"]
+    proxy.mode = "hold-create"
+    os.rename(mnt / "big.bin", mnt / "moved.bin")
+    deadline = time.monotonic() + 60
+    while not (proxy.held and uploads_in_progress(s3_server, bucket)):
+        assert time.monotonic() < deadline, "the copy never started its upload"
+        time.sleep(0.1)
+    pid = int(os.getxattr(mnt, "user.avafs.pid"))
+    os.kill(pid, 9)
+    wait_for_exit(pid, 30)
+    unmount(mnt)
+    proxy.mode = "pass"
+    mnt = s3_mount(endpoint=proxy.endpoint, mountpoint=mnt)
+    Client(mnt).flush()
+    assert sha256(store_bytes(s3_server, bucket, "moved.bin")) == sha256(data)
+    wait_until_no_uploads(s3_server, bucket)

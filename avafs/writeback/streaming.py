@@ -19,10 +19,12 @@ too (`upload_in_parts`), not by the store's own managed upload, whose id no jour
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
@@ -178,15 +180,36 @@ class StreamUploads:
             entry.appended_to = None  # a later write ends this stream, it never extends it
         return self.finish(entry, generation)
 
-    def _start(self, uploads: MultipartUploads, source: str, key: str) -> str:
-        """The intent, with the uploads of the key the store has already, is on disk before
-        the store is asked; the id replaces it once given."""
+    def _intend(self, uploads: MultipartUploads, source: str, key: str) -> float:
+        """Journal the intent to start an upload of `key`, with the uploads of the key the
+        store has already, once the search for leftovers of that key has ended; its time."""
         recovering = self._recovering.get((source, key))
         if recovering is not None:
             wait([recovering])
         before = {upload_id for upload_id, _ in uploads.uploads_of(key)}
         intended_at = time.time()
         self._journal.upload_intended(source, key, intended_at, before)
+        return intended_at
+
+    @contextlib.contextmanager
+    def intent(self, store: ObjectStore, source: str, key: str, size: int) -> Iterator[None]:
+        """Around a request that may start a multipart upload of `key` the store's client
+        makes on its own (a managed copy of STREAM_FROM bytes or more, whose upload id it
+        never gives): its intent journaled, so a crash during it leaves what the next mount
+        needs to abort that upload."""
+        uploads = store.multipart()
+        if uploads is None or size < STREAM_FROM:
+            yield
+            return
+        intended_at = self._intend(uploads, source, key)
+        try:
+            yield
+        finally:
+            self._journal.intent_ended(source, key, intended_at)
+
+    def _start(self, uploads: MultipartUploads, source: str, key: str) -> str:
+        """The intent is on disk before the store is asked; the id replaces it once given."""
+        intended_at = self._intend(uploads, source, key)
         upload_id = uploads.start_upload(key)
         self._journal.upload_started(source, key, upload_id, intended_at)
         return upload_id

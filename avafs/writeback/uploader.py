@@ -18,12 +18,13 @@ import threading
 import time
 from typing import BinaryIO
 
+from ..errors import StoreError
 from ..stores.base import ObjectStore
 from ..stores.metadata import Attrs
 from .file_views import FileView
 from .manager import WriteBack
 from .pending import COPY, DATA, DELETED, Pending
-from .streaming import StreamUploads
+from .streaming import STREAM_FROM, StreamUploads
 
 log = logging.getLogger(__name__)
 
@@ -88,14 +89,22 @@ class Uploader:
             store.delete(entry.key)
             return None
         if entry.kind == COPY:
-            return store.copy(entry.copy_from, entry.key, entry.copy_etag,
-                              None if entry.attrs is None else entry.mtime, entry.attrs)
+            with self.streams.intent(store, entry.source, entry.key, entry.size):
+                return store.copy(entry.copy_from, entry.key, entry.copy_etag,
+                                  None if entry.attrs is None else entry.mtime, entry.attrs)
         assert entry.kind == DATA
         attrs = entry.attrs or Attrs()
-        info = (self.streams.finish(entry, generation) if entry.stream is not None
-                else self.streams.upload_in_parts(entry, generation))
+        info = self.streams.finish(entry, generation) if entry.stream is not None else None
+        if info is None:
+            info = self.streams.upload_in_parts(entry, generation)
         if info is not None:  # parts carry no metadata: the attributes follow in a copy
-            return store.copy(entry.key, entry.key, info.etag, entry.mtime, attrs)
+            with self.streams.intent(store, entry.source, entry.key, entry.size):
+                return store.copy(entry.key, entry.key, info.etag, entry.mtime, attrs)
+        if entry.size >= STREAM_FROM and store.multipart() is not None:
+            # Only journaled parts may carry a file this large (a managed upload's id is
+            # known to no journal); it changed while they went up.
+            raise StoreError(f"{entry.key!r} changed while it went up in parts; it goes up "
+                             "again")
         path = self.writeback.data_path(entry)
         if path is None:
             return store.put(entry.key, io.BytesIO(b""), 0)
