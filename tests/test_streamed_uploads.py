@@ -51,6 +51,18 @@ def write(file, data: bytes) -> None:
     file.flush()
 
 
+def kill_daemon(mnt, open_file=None) -> None:
+    """`kill -9` the mount's daemon, then unmount what it left; a file it had open is closed
+    after, which can no longer reach the daemon."""
+    pid = int(os.getxattr(mnt, "user.avafs.pid"))
+    os.kill(pid, 9)
+    wait_for_exit(pid, 30)
+    if open_file is not None:
+        with contextlib.suppress(OSError):
+            open_file.close()
+    unmount(mnt)
+
+
 def test_part_sizes_reach_past_the_largest_object_in_ten_thousand_parts():
     assert part_size(1) == part_size(1000) == 8 * MiB
     assert sum(part_size(number) for number in range(1, 10_001)) > 5 * 2**40
@@ -157,12 +169,7 @@ def test_daemon_killed_mid_stream_then_remount_uploads_the_fsynced_file(s3_serve
     write(file, data)
     os.fsync(file.fileno())
     wait_for_parts(s3_server, bucket, "ckpt.pt", 8)
-    pid = int(os.getxattr(mnt, "user.avafs.pid"))
-    os.kill(pid, 9)
-    wait_for_exit(pid, 30)
-    with contextlib.suppress(OSError):  # the daemon is gone: close() cannot reach it
-        file.close()
-    unmount(mnt)
+    kill_daemon(mnt, file)
     assert len(uploads_in_progress(s3_server, bucket)) == 1
     mnt = s3_mount("--writeback-delay", "3600", mountpoint=mnt)
     Client(mnt).flush()
@@ -187,10 +194,7 @@ def test_a_large_file_uploaded_after_close_and_cut_by_a_kill_leaves_no_upload_op
         assert time.monotonic() < deadline, "the upload never began"
         time.sleep(0.1)
     time.sleep(0.5)  # the upload id reaches the journal right after the store gave it
-    pid = int(os.getxattr(mnt, "user.avafs.pid"))
-    os.kill(pid, 9)
-    wait_for_exit(pid, 30)
-    unmount(mnt)
+    kill_daemon(mnt)
     proxy.mode = "pass"
     mnt = s3_mount(mountpoint=mnt)
     Client(mnt).flush()
@@ -215,12 +219,7 @@ def test_a_kill_before_the_upload_id_is_journaled_leaves_no_upload_open(s3_serve
     while not (proxy.held and len(uploads_in_progress(s3_server, bucket)) == 2):
         assert time.monotonic() < deadline, "the store never started the upload"
         time.sleep(0.1)
-    pid = int(os.getxattr(mnt, "user.avafs.pid"))
-    os.kill(pid, 9)
-    wait_for_exit(pid, 30)
-    with contextlib.suppress(OSError):  # the daemon is gone: close() cannot reach it
-        file.close()
-    unmount(mnt)
+    kill_daemon(mnt, file)
     proxy.mode = "pass"
     mnt = s3_mount("--writeback-delay", "3600", endpoint=proxy.endpoint, mountpoint=mnt)
     Client(mnt).flush()
@@ -248,10 +247,7 @@ def test_a_kill_during_a_large_copy_leaves_no_upload_open(s3_server, bucket, s3_
     while not (proxy.held and uploads_in_progress(s3_server, bucket)):
         assert time.monotonic() < deadline, "the copy never started its upload"
         time.sleep(0.1)
-    pid = int(os.getxattr(mnt, "user.avafs.pid"))
-    os.kill(pid, 9)
-    wait_for_exit(pid, 30)
-    unmount(mnt)
+    kill_daemon(mnt)
     proxy.mode = "pass"
     mnt = s3_mount(endpoint=proxy.endpoint, mountpoint=mnt)
     Client(mnt).flush()
