@@ -122,7 +122,7 @@ def test_a_lost_nodes_fsynced_files_reach_the_origin_through_exactly_one_other_n
     node_a = cluster.node("a")
     cluster.node("b")
     cluster.node("c")
-    files = write_files(node_a, "run1", 30, BIG)
+    files = write_files(node_a, "run1", 49, BIG)  # 50 files, as the issue asks
     status = cluster.status("a")
     assert status["durable_in"] == "cluster" and status["unstaged"] == 0
     assert not any((cluster.origin / name).exists() for name in files)  # still queued
