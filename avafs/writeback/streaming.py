@@ -11,10 +11,11 @@ upload gets).
 A crash loses the parts sent, never data: the journaled file is uploaded again by the next
 mount, which also aborts the uploads the journal lists as started and not ended, so no parts
 are left behind in the bucket; an upload whose id the store gave but the journal never
-recorded is found by the intent journaled before it was asked for (`_abort_unrecorded`). For that every multipart upload of a mount goes through here,
-journaled before its first part: a committed file of STREAM_FROM bytes or more that did not
-stream while written (written out of order, replayed after a remount) is sent in parts here
-too (`upload_in_parts`), not by the store's own managed upload, whose id no journal knows.
+recorded is found by the intent journaled before it was asked for (`_abort_unrecorded`). For
+that every multipart upload of a mount goes through here, journaled before its first part: a
+committed file of STREAM_FROM bytes or more that did not stream while written (written out of
+order, replayed after a remount) is sent in parts here too (`upload_in_parts`), not by the
+store's own managed upload, whose id no journal knows.
 """
 
 from __future__ import annotations
