@@ -22,6 +22,7 @@ from sample_data import payload
 from support import free_port, run_avafs
 
 from avafs.client import Client
+from avafs.config.options import MOUNT_OPTIONS
 
 T = TypeVar("T")
 LIVENESS = 60.0
@@ -30,10 +31,11 @@ FAULT_ARGS = ("--metadata-ttl", "1", "--store-timeout", f"{STORE_TIMEOUT:g}")
 """Listings trusted for a second (so lookups soon go to the store) and a 2 s request limit."""
 SLACK = 2.0
 """Seconds of thread scheduling on a loaded machine allowed past a documented bound."""
-READ_BOUND = 3 * STORE_TIMEOUT + 2 + SLACK
+MIN_RATE = next(spec.default for spec in MOUNT_OPTIONS if spec.name == "store_min_rate")
+READ_BOUND = 3 * STORE_TIMEOUT + 2 * 2**20 / MIN_RATE + SLACK
 """The README's bound on a first read of up to 1 MiB from a store that does not answer or never
 finishes an answer: one HEAD of the file's attributes (--store-timeout) and two GET tries of
---store-timeout + 1 MiB at --store-min-rate (1 MiB/s)."""
+--store-timeout + 1 MiB at --store-min-rate (its default)."""
 FAILED_READ_MEMORY = 1.0
 """Seconds a failed read is answered with its error without asking the store again."""
 LOOKUP_BOUND = STORE_TIMEOUT + SLACK

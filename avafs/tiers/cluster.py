@@ -23,8 +23,8 @@ nodes that claimed parts of one run never wait on each other.
 Failure. The tier is a cache: a read (a GET or a marker's HEAD) that fails, after one try
 with `--cluster-timeout`, sends the block to the source and turns the tier off for
 PAUSE_AFTER_ERROR seconds, so a store that is down costs one timeout per pause, not one per
-block. Writes are timed apart from reads: a PUT can be slow where GETs are quick (a fresh
-SeaweedFS bucket's first writes wait for the store to grow its volumes). A block's write (a
+block. Writes are timed apart from reads: a PUT can be slow where GETs are quick (a store
+that grows a fresh bucket's volumes on demand makes its first writes wait). A block's write (a
 background fill, which no reader waits for) may take FILL_TIMEOUT seconds, and one that still
 fails pauses only fills and claims: pausing reads for it would send to the source blocks the
 tier holds. Claims pause with fills because a node that cannot fill must not claim: its
@@ -340,7 +340,7 @@ class ClusterTier:
     def _prepare(self) -> None:
         """The mount's first write: a key of this node's, written and deleted with the fill
         limit, so a fresh bucket's volumes are made before the first epoch's writes. Not
-        empty: SeaweedFS makes volumes only for data."""
+        empty: a store that grows volumes on demand grows them only for data."""
         key = f"prepared/{self._node.decode()}"
         try:
             self._writer.put_object(key, self._node, {})
