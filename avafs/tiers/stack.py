@@ -274,7 +274,14 @@ class TierStack:
         end = start + min(size, ref.size - offset)
         if len(parts) == 1:
             return parts[0][start:end]
-        return b"".join(parts)[start:end]
+        # A read across a block boundary copies only its own bytes of each block, not the
+        # whole blocks joined first.
+        pieces: list[memoryview] = []
+        for part in parts:
+            if start < len(part) and end > 0:
+                pieces.append(memoryview(part)[max(start, 0):min(end, len(part))])
+            start, end = start - len(part), end - len(part)
+        return b"".join(pieces)
 
     def stream(self, ref: ObjectRef, first: int, count: int) -> int:
         """Bring the blocks of [first, first+count) towards RAM without blocking: blocks only
