@@ -2,9 +2,14 @@
 
 `dataset()` lists the source once in Python (lazily, as the PyTorch side does), then everything
 else is graph ops: a seeded shuffle of the file list, `shard` by `tf.distribute.InputContext`,
-`tf.io.read_file` or an interleave of `TFRecordDataset` with `num_parallel_calls=AUTOTUNE`,
-and `prefetch`. Being native, the pipeline runs outside the GIL and its iterators checkpoint
-with `tf.train.Checkpoint(iterator=...)`. Elements are `{"__key__", "__path__", "data",
+the reads, and `prefetch`; its iterators checkpoint with `tf.train.Checkpoint(iterator=...)`.
+TFRecord shards are an interleave of `TFRecordDataset` with `num_parallel_calls=AUTOTUNE`.
+One-file samples are read through the mount's daemon a batch at a time where its control
+socket is reachable (`read_file_samples`, as `AvaMapDataset` does: in place from the cache's
+block files), since through FUSE every small file costs four round trips to the daemon; else
+(a pod's view of a CSI volume, a plain directory) file by file with `tf.io.read_file`, which
+runs outside the GIL. Both keep the file list's order, so shuffling, sharding and resuming
+are the same either way. Elements are `{"__key__", "__path__", "data",
 **labels}` for one-file samples and the serialized records themselves for TFRecord shards, as
 `TFRecordDataset` yields them. Tar shards are a PyTorch (WebDataset) format and are refused here.
 
@@ -18,16 +23,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import tensorflow as tf
 
 from adapters.elastic import acknowledged_epoch, worker_identity
 from adapters.mounts import client_for, manifest_root
 from adapters.reading import SampleReader
 from adapters.sharding import CoordinatorClient
-from adapters.shards import SampleFormat
-from adapters.sources import ItemSource, ManifestSource, PrefixSource
+from adapters.shards import FILE_BATCH, SampleFormat, read_file_samples
+from adapters.sources import Item, ItemSource, ManifestSource, PrefixSource
+
+if TYPE_CHECKING:
+    from avafs.client import Client
 
 AUTOTUNE = tf.data.AUTOTUNE
 
@@ -62,8 +71,7 @@ def dataset(path: str | os.PathLike[str] | None = None, *,
         samples = files.interleave(lambda row: tf.data.TFRecordDataset(row["__path__"]),
                                    cycle_length=cycle_length, num_parallel_calls=AUTOTUNE)
     else:
-        samples = files.map(lambda row: {**row, "data": tf.io.read_file(row["__path__"])},
-                            num_parallel_calls=AUTOTUNE)
+        samples = _with_contents(files, client_for(source.root, require_mount=False))
     if transform is not None:
         samples = samples.map(transform, num_parallel_calls=AUTOTUNE)
     if batch_size is not None:
@@ -160,6 +168,31 @@ def _source(path: str | os.PathLike[str] | None, manifest: str | os.PathLike[str
     if require_mount:
         client_for(source.root, require_mount=True)
     return fmt, source
+
+
+def _with_contents(rows: tf.data.Dataset, client: Client | None) -> tf.data.Dataset:
+    """Each row with its file's bytes as "data", in the rows' order.
+
+    With a client, FILE_BATCH rows at a time go through `read_file_samples` in one
+    `numpy_function` (declared stateless: it only reads files, so iterators still checkpoint),
+    then are unbatched, so what follows sees the same elements as file by file.
+    """
+    if client is None:
+        return rows.map(lambda row: {**row, "data": tf.io.read_file(row["__path__"])},
+                        num_parallel_calls=AUTOTUNE)
+
+    def read(paths: np.ndarray) -> np.ndarray:
+        items = [Item(os.fsdecode(path), "") for path in paths]
+        contents = np.empty(len(items), dtype=object)
+        contents[:] = [sample["data"] for sample in read_file_samples(items, client)]
+        return contents
+
+    def with_data(batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        data = tf.numpy_function(read, [batch["__path__"]], tf.string, stateful=False)
+        data.set_shape(batch["__path__"].shape)
+        return {**batch, "data": data}
+
+    return rows.batch(FILE_BATCH).map(with_data, num_parallel_calls=AUTOTUNE).unbatch()
 
 
 def _label_columns(source: ItemSource) -> dict[str, list[Any]]:

@@ -7,7 +7,9 @@ keeps each open file's read-ahead; the handlers here share one budget of worker 
 it (`_limiter`). The kernel's own caches
 are used on purpose: entry and attribute timeouts follow `--metadata-ttl`, negative lookups are
 cached as well, and `keep_cache` is set when a file is reopened at an unchanged ETag, so warm
-re-reads come from the page cache.
+re-reads come from the page cache. Not the kernel's write-back cache (`enable_writeback_cache`):
+with it the kernel trusts its own size and mtime of a cached file over the daemon's, so an
+object replaced in the store would keep its old length.
 
 A file deleted or renamed over while open lives on for its open handles, as on a local file
 system: written data stays in its local data file (the write-back state the handles hold, no

@@ -18,8 +18,9 @@ from adapters_testlib import (
 
 import adapters.tf as ava_tf
 from adapters.sharding import CoordinatorClient
-from adapters.shards import SampleFormat, read_samples
+from adapters.shards import FILE_BATCH, SampleFormat, read_samples
 from adapters.sources import Item
+from avafs.client import Client
 
 tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2)
@@ -151,3 +152,36 @@ def test_keras_model_trains_one_epoch_on_data_read_through_the_mount(tmp_path, m
     before = model.evaluate(train, verbose=0)
     model.fit(train, epochs=1, verbose=0, shuffle=False)  # the dataset shuffles itself
     assert model.evaluate(train, verbose=0) < before * 0.7
+
+
+def test_mount_is_read_a_batch_per_request_in_the_same_order(tmp_path, mounted_bucket,
+                                                                monkeypatch):
+    make_files(tmp_path / "tree", 70)
+    mnt = mounted_bucket(tmp_path / "tree")
+    requests = []
+    read_files = Client.read_files
+
+    def counted(client, paths):
+        paths = list(paths)
+        requests.append(len(paths))
+        return read_files(client, paths)
+
+    monkeypatch.setattr(Client, "read_files", counted)
+
+    def run(root, **options):
+        elements = ava_tf.dataset(root, shuffle=True, seed=3, batch_size=8, **options)
+        iterator = iter(elements)
+        checkpoint = tf.train.Checkpoint(iterator=iterator)
+        first = [next(iterator) for _ in range(3)]
+        saved = checkpoint.save(str(tmp_path / "ckpt" / root.name / "it"))
+        rest = list(iterator)
+        checkpoint.restore(saved)
+        assert [batch["data"].numpy().tolist() for batch in iterator] == \
+            [batch["data"].numpy().tolist() for batch in rest]
+        return [(key.decode(), data) for batch in first + rest
+                for key, data in zip(batch["__key__"].numpy(), batch["data"].numpy(),
+                                     strict=True)]
+
+    through_mount = run(mnt)
+    assert sum(requests) >= 70 and max(requests) == FILE_BATCH
+    assert through_mount == run(tmp_path / "tree", require_mount=False)
