@@ -17,15 +17,14 @@ medians of N runs, the systems taking turns run after run; a run that fails is r
 left out of the medians.
 
 An equal cache: every system gets `--disk-cache` as its bound, but a peer may hold more than
-its bound for a while (rclone's cleaner skips files closed in the last few seconds, so in
-epochs of a few seconds it evicts nothing). After each epoch the benchmark therefore waits, up
+its bound for a while (a cleaner that skips files closed in the last few seconds evicts
+nothing read in an epoch of a few seconds). After each epoch the benchmark therefore waits, up
 to `--settle` seconds, until every system's cached data is within the bound before the next
 epoch starts, so each epoch starts from the same cache size; the peak shows what a system held
 during the epoch, and a system still over its bound after `--settle` is reported. With
 `--link`, the store is reached through a link of that many MB/s (all connections together)
 whose answers start `--latency` seconds after their requests (the fault proxy's "link" mode):
-the case of a dataset on a distant store, where a miss costs more than a hit, and where
-epochs last long enough for every cleaner to keep to its bound during the epoch too.
+the case of a dataset on a distant store, where a miss costs more than a hit.
 
 Systems: avafs with `--cache-policy lru` (before issue 27), with `--cache-policy dataset`,
 and with `dataset` plus the adapters' `cache_aware=True`; rclone mount (`--vfs-cache-mode
