@@ -24,6 +24,8 @@ import pytest
 from support import run_avafs
 
 from avafs.client import Client
+from avafs.writeback.cluster_queue import SETTLE_BATCH, cluster_id
+from avafs.writeback.coordination import Etcd
 
 MiB = 2**20
 TTL = 3
@@ -144,6 +146,28 @@ def test_a_lost_nodes_fsynced_files_reach_the_origin_through_exactly_one_other_n
     assert takeovers[0]["outcome"] == "drained"
     text = run_avafs("status", str(cluster.mounts["b"])).stdout
     assert "cluster writes: node b" in text
+
+
+def test_uploaded_files_leave_no_record_and_no_staging_object(cluster):
+    """Files that reached the origin are settled: their records leave etcd and their objects
+    the cluster store (settled in batches: more files here than one batch holds)."""
+    node = cluster.node("a")
+    files = {f"many/f{index:03d}": os.urandom(4096) for index in range(SETTLE_BATCH + 50)}
+    for name, data in files.items():
+        write_synced(node / name, data)
+    Client(node).flush()
+    assert all((cluster.origin / name).read_bytes() == data for name, data in files.items())
+    etcd = Etcd((cluster.etcd.client_url,), timeout=5)
+    records = f"/avafs/{cluster_id(f's3://{cluster.bucket}/c')}/queue/a/"
+    deadline = time.monotonic() + 30
+    while (left := (len(etcd.get_prefix(records)), staged_objects(cluster, "a"))) != (0, 0):
+        assert time.monotonic() < deadline, f"records and staging objects left: {left}"
+        time.sleep(0.2)
+
+
+def staged_objects(cluster: Cluster, node: str) -> int:
+    return cluster.seaweed.client().list_objects_v2(
+        Bucket=cluster.bucket, Prefix=f"c/staging/{node}/").get("KeyCount", 0)
 
 
 def staging_uploads(cluster: Cluster, node: str) -> dict[str, int]:

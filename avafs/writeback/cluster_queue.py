@@ -37,8 +37,11 @@ Invariants.
   cluster-durable while commits still skip staging.
 
 Threads and locks. `stage` runs in the committing thread, holding no lock. Drops run in one
-background thread (`avafs-unstage`). `_lock` guards the error state only and is a leaf; the
-write-back manager calls `drop` with `WriteBack.lock` held (it only queues).
+background thread (`avafs-unstage`), which settles the records dropped meanwhile a batch at a
+time: one etcd transaction deletes up to SETTLE_BATCH records, then one request deletes their
+objects, so a queue of many small files drains in a few requests, and an unmount, which waits
+for the drops, waits for those. `_lock` guards the error state and the records to settle, and
+is a leaf; the write-back manager calls `drop` with `WriteBack.lock` held (it only queues).
 """
 
 from __future__ import annotations
@@ -67,6 +70,9 @@ log = logging.getLogger(__name__)
 
 PAUSE_AFTER_ERROR = 5.0
 """Seconds commits skip staging after a failure (the re-stager keeps trying meanwhile)."""
+SETTLE_BATCH = 100
+"""Records deleted in one etcd transaction (etcd refuses more than 128 operations in one, by
+default)."""
 
 
 class StagingFailed(Exception):
@@ -138,6 +144,9 @@ class ClusterQueue:
         self.last_error: str | None = None
         self.failing_since: float | None = None
         self._drops = ThreadPoolExecutor(1, thread_name_prefix="avafs-unstage")
+        self._to_settle: list[tuple[str, bool]] = []
+        """(record id, whether its object goes too) of this node's dropped records, oldest
+        first, until the drop thread takes them (`_settle_dropped`)."""
         self.fence: Callable[[], tuple[str, str] | None] = lambda: None
         """This node's owner key and the value it holds while this node holds its queue
         (takeover.py), or None while it does not: staging waits for it."""
@@ -226,14 +235,39 @@ class ClusterQueue:
         """Forget one of this node's records and its object (not the object where a newer
         record names it too: `keep_object`), in the background (called with `WriteBack.lock`
         held: it only queues)."""
-        self._drops.submit(self._settle_quietly, self.node, record_id, not keep_object)
+        with self._lock:
+            self._to_settle.append((record_id, not keep_object))
+            idle = len(self._to_settle) == 1
+        if idle:  # else a drain is queued or running, and takes this one too
+            self._drops.submit(self._settle_dropped)
 
-    def _settle_quietly(self, node: str, record_id: str, delete_object: bool) -> None:
+    def _settle_dropped(self) -> None:
+        while True:
+            with self._lock:
+                batch = self._to_settle[:SETTLE_BATCH]
+                del self._to_settle[:SETTLE_BATCH]
+            if not batch:
+                return
+            self._settle_batch(batch)
+
+    def _settle_batch(self, batch: list[tuple[str, bool]]) -> None:
+        """`settle` for several of this node's records: the records in one transaction, then
+        the objects that go with them."""
         try:
-            self.settle(node, record_id, delete_object)
-        except Exception as error:  # noqa: BLE001 - a take-over would upload it once more
-            log.warning("cluster writes: could not delete the settled record %s (%s); a "
-                        "take-over of this node would upload it again", record_id, error)
+            self.etcd.delete_all([self.queue_prefix() + record_id for record_id, _ in batch])
+        except EtcdUnavailable as error:
+            log.warning("cluster writes: could not delete %d settled records (%s); a take-over "
+                        "of this node would upload them again", len(batch), error)
+            return
+        names = [self.object_name(self.node, record_id) for record_id, delete in batch if delete]
+        try:
+            refused = self.bucket.delete_all(names)
+        except Exception as error:  # noqa: BLE001 - garbage a take-over sweeps
+            log.info("cluster writes: could not delete %d staging objects: %s", len(names), error)
+            return
+        if refused:
+            log.info("cluster writes: the cluster store kept %d of %d staging objects it was "
+                     "asked to delete", refused, len(names))
 
     def _delete_object(self, name: str) -> None:
         try:

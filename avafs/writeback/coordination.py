@@ -117,6 +117,16 @@ class Etcd:
     def delete(self, key: str) -> None:
         self._call(lambda client: client.delete(key))
 
+    def delete_all(self, keys: list[str]) -> None:
+        """Delete every key of `keys` in one transaction (etcd bounds the operations of one
+        transaction: 128 unless configured otherwise)."""
+        from etcd3gw.utils import _encode
+
+        self._call(lambda client: client.transaction({
+            "compare": [],
+            "success": [{"request_delete_range": {"key": _encode(key)}} for key in keys],
+            "failure": []}))
+
     def close(self) -> None:
         for client in self._clients:
             client.session.close()

@@ -29,6 +29,8 @@ TOKEN_VARIABLE = "AVAFS_CLUSTER_SESSION_TOKEN"
 _ABSENT = ("404", "NoSuchKey", "NotFound")
 _TAKEN = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")
 """A conditional create that lost: the key exists, or another create of it is under way."""
+DELETE_BATCH = 1000
+"""Most keys one DeleteObjects request may name (S3's limit)."""
 CLUSTER_MIN_RATE = 16 * 2**20
 """Slowest transfer per second from the cluster store before a request is abandoned: a store
 on the cluster's own network that falls below this is slower than going to the origin."""
@@ -136,6 +138,19 @@ class ClusterBucket(S3Store):
         """The object `key` of `size` bytes as a stream (a staged file, read once)."""
         with self._store_errors(f"GET of {key!r}"):
             return self._sized(size).get_object(Bucket=self.bucket, Key=self.prefix + key)["Body"]
+
+    def delete_all(self, keys: list[str]) -> int:
+        """Delete `keys` (relative to the bucket's prefix), up to DELETE_BATCH per request;
+        how many of them the store refused to delete (they are left in place)."""
+        refused = 0
+        with self._store_errors(f"DELETE of {len(keys)} objects"):
+            for start in range(0, len(keys), DELETE_BATCH):
+                answer = self._sized(0).delete_objects(Bucket=self.bucket, Delete={
+                    "Objects": [{"Key": self.prefix + key}
+                                for key in keys[start:start + DELETE_BATCH]],
+                    "Quiet": True})
+                refused += len(answer.get("Errors", ()))
+        return refused
 
     def keys_under(self, prefix: str) -> list[str]:
         """Every key that starts with `prefix` (relative to the bucket's prefix)."""
