@@ -5,6 +5,7 @@ direct upload throughput, measured in the same run.
 
     python3 bench/cluster_writes.py [--size 2048] [--files 10000] [--small-size 4096]
                                     [--rounds 3] [--rate 50] [--latency 0.02]
+                                    [--cluster-timeout S]
 
 The origin is moto's S3 server behind the tests' fault proxy in "link" mode (all connections
 together get `--rate` MB/s, every answer starts `--latency` s after its request). The cluster
@@ -20,6 +21,14 @@ the local disk): its throughput, and that last call alone (the close latency). S
 the other: files per second and the median close. Durable: from the acknowledgement until the
 origin lists every file at its size (polled directly, not through the link). Direct: the same
 checkpoint uploaded to the cluster store with boto3 (8 MiB parts, 8 at a time).
+
+Under `cluster`, a file is acknowledged cluster-durable only if the cluster store and etcd took
+it in time (`--cluster-timeout`); else it is node-durable and staged again later. So each
+acknowledgement is followed by the mount's count of files that are only node-durable
+(`unstaged` in its status), printed with the figures: a throughput with files unstaged is not
+the cluster mode's. Before a mount is unmounted the benchmark waits for the daemon's own flush
+(an upload the store answered with an error is retried whole, even where the origin already
+lists the object), so the unmount does not wait for it.
 """
 
 from __future__ import annotations
@@ -51,6 +60,8 @@ from s3server import (
     upload_large,  # noqa: E402
 )
 from seaweed import SeaweedCluster  # noqa: E402
+
+from avafs.client import Client  # noqa: E402
 
 STAGING = "avafs-staging"
 RAM_CACHE = 256 * MiB
@@ -94,6 +105,12 @@ class Writes:
         self.figures["small files/s"] = count / (time.perf_counter() - started)
         self.figures["small close ms"] = median(closes) * 1000
         return time.monotonic()
+
+    def unstaged(self, name: str, client: Client) -> None:
+        """Files the mount holds only node-durable now (under `cluster`; none otherwise)."""
+        writes = client.status().get("cluster_writes")
+        if writes is not None:
+            self.figures[f"{name} unstaged"] = writes["unstaged"]
 
     def durable(self, name: str, since: float, in_origin: Callable[[], bool]) -> None:
         while not in_origin():
@@ -156,21 +173,27 @@ class Bench:
             options += ["--cluster-cache", f"s3://{STAGING}/round{number}",
                         "--cluster-endpoint-url", self.seaweed.endpoint, "--etcd",
                         self.etcd.client_url, "--node-name", f"bench-{number}"]
+            if self.args.cluster_timeout is not None:
+                options += ["--cluster-timeout", str(self.args.cluster_timeout)]
         mount = AvafsMount(Origin(self.proxy.endpoint), self.root / f"mnt-{mode}-{number}",
                            RAM_CACHE, max(4 * self.size, 4096 * MiB), tuple(options))
         cache_dir = self.root / f"cache-{mode}-{number}"
         mount.mount(cache_dir)
         writes = Writes()
         prefix = f"{mode}{number}/"
+        client = Client(mount.mountpoint)
         try:
             acknowledged = writes.checkpoint(mount.mountpoint / f"{mode}{number}.pt", self.size,
                                              self.block, sync=False)
+            writes.unstaged("checkpoint", client)
             writes.durable("checkpoint", acknowledged,
                            self.in_origin(f"{mode}{number}.pt", 1, self.size))
             acknowledged = writes.small_files(mount.mountpoint / prefix, self.args.files,
                                               self.small, sync=False)
+            writes.unstaged("small", client)
             writes.durable("small", acknowledged,
                            self.in_origin(prefix, self.args.files, len(self.small)))
+            client.flush()
         finally:
             mount.unmount()
             shutil.rmtree(cache_dir, ignore_errors=True)
@@ -213,6 +236,8 @@ def main() -> int:
                         help="the origin link's MB/s, all connections together")
     parser.add_argument("--latency", type=float, default=0.02,
                         help="seconds before each answer of the origin starts")
+    parser.add_argument("--cluster-timeout", type=float, default=None,
+                        help="the cluster mount's --cluster-timeout (default: avafs's)")
     args = parser.parse_args()
     print(f"checkpoint {args.size} MiB, {args.files} files of {args.small_size} bytes, origin "
           f"link {args.rate:g} MB/s and {args.latency * 1000:g} ms, {args.rounds} rounds; "
