@@ -155,11 +155,15 @@ class LeanRequests:
 
     def _send(self, method: str, url: str, headers: dict[str, str], data: bytes | None = None,
               size: int = 0, stream_output: bool = False, transport_errors: bool = False):
-        """Sign and send, bounded as a request of `size` bytes; None on any transport failure
-        (the caller falls back), or botocore's error with `transport_errors`."""
+        """Sign and send, bounded as a request of `size` bytes; None on a failed transport
+        (the caller falls back), or botocore's error with `transport_errors`. A store that did
+        not answer in time is botocore's error always: asking boto3 the same would only wait
+        again, and a caller that allows one try would wait twice its limit."""
         try:
             response = botocore_adapter.send(self._clients(size), botocore_adapter.signed(
                 method, url, headers, self._credentials, self._region, data, stream_output))
+        except (botocore.exceptions.ReadTimeoutError, botocore.exceptions.ConnectTimeoutError):
+            raise
         except botocore.exceptions.BotoCoreError:
             if transport_errors:
                 raise

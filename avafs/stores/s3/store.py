@@ -193,13 +193,13 @@ class S3Store(ObjectStore, MultipartUploads):
             raise AvafsError(self._describe(error)) from None
 
     def list_dir(self, prefix: str) -> Listing:
-        listing = self._lean_list(prefix)
-        if listing is not None:
-            return listing
         prefixes: list[str] = []
         objects: list[ObjectInfo] = []
         skip = len(self.prefix)
         with self._store_errors(f"LIST of {prefix or '/'!r}"):
+            listing = self._lean_list(prefix)
+            if listing is not None:
+                return listing
             pages = self._client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=self.prefix + prefix, Delimiter="/")
             for page in pages:
