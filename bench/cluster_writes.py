@@ -5,7 +5,6 @@ direct upload throughput, measured in the same run.
 
     python3 bench/cluster_writes.py [--size 2048] [--files 10000] [--small-size 4096]
                                     [--rounds 3] [--rate 50] [--latency 0.02]
-                                    [--cluster-timeout S]
 
 The origin is moto's S3 server behind the tests' fault proxy in "link" mode (all connections
 together get `--rate` MB/s, every answer starts `--latency` s after its request). The cluster
@@ -23,7 +22,8 @@ origin lists every file at its size (polled directly, not through the link). Dir
 checkpoint uploaded to the cluster store with boto3 (8 MiB parts, 8 at a time).
 
 Under `cluster`, a file is acknowledged cluster-durable only if the cluster store and etcd took
-it in time (`--cluster-timeout`); else it is node-durable and staged again later. So each
+it in time (a staging request's limit, avafs.writeback.cluster_queue.STAGE_TIMEOUT); else it is
+node-durable and staged again later. So each
 acknowledgement is followed by the mount's count of files that are only node-durable
 (`unstaged` in its status), printed with the figures: a throughput with files unstaged is not
 the cluster mode's. Before a mount is unmounted the benchmark waits for the daemon's own flush
@@ -173,8 +173,6 @@ class Bench:
             options += ["--cluster-cache", f"s3://{STAGING}/round{number}",
                         "--cluster-endpoint-url", self.seaweed.endpoint, "--etcd",
                         self.etcd.client_url, "--node-name", f"bench-{number}"]
-            if self.args.cluster_timeout is not None:
-                options += ["--cluster-timeout", str(self.args.cluster_timeout)]
         mount = AvafsMount(Origin(self.proxy.endpoint), self.root / f"mnt-{mode}-{number}",
                            RAM_CACHE, max(4 * self.size, 4096 * MiB), tuple(options))
         cache_dir = self.root / f"cache-{mode}-{number}"
@@ -236,8 +234,6 @@ def main() -> int:
                         help="the origin link's MB/s, all connections together")
     parser.add_argument("--latency", type=float, default=0.02,
                         help="seconds before each answer of the origin starts")
-    parser.add_argument("--cluster-timeout", type=float, default=None,
-                        help="the cluster mount's --cluster-timeout (default: avafs's)")
     args = parser.parse_args()
     print(f"checkpoint {args.size} MiB, {args.files} files of {args.small_size} bytes, origin "
           f"link {args.rate:g} MB/s and {args.latency * 1000:g} ms, {args.rounds} rounds; "

@@ -33,7 +33,7 @@ def s3_server(tmp_path_factory) -> Iterator[S3Server]:
 def seaweed_cluster(tmp_path) -> Iterator[SeaweedCluster]:
     """A SeaweedFS cluster of this test's own: master, two volume servers keeping every
     object on both (replication 001), filer and S3 gateway, on free loopback ports; a test
-    may kill and restart a volume server (`kill_volume`, `restart_volume`)."""
+    may kill and restart a volume server (`kill_volume`, `restart_volumes`)."""
     cluster = SeaweedCluster(tmp_path / "seaweed", volume_servers=2, replication="001")
     cluster.start()
     yield cluster

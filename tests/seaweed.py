@@ -197,13 +197,14 @@ class SeaweedCluster:
     def kill_volume(self, index: int) -> None:
         self.volumes[index].kill()
 
-    def restart_volume(self, index: int) -> None:
-        """Start a killed volume server again on its ports and data, and wait until the
+    def restart_volumes(self, *indexes: int) -> None:
+        """Start killed volume servers again on their ports and data, and wait until the
         master counts every volume server."""
         deadline = time.monotonic() + _START_TIMEOUT
-        volume = self.volumes[index]
-        volume.start()
-        volume.wait_listening(deadline)
+        for index in indexes:
+            self.volumes[index].start()
+        for index in indexes:
+            self.volumes[index].wait_listening(deadline)
         self.wait_for_volume_servers(len(self.volumes), deadline)
 
     def client(self, config=None):

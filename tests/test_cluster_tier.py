@@ -351,7 +351,7 @@ def test_a_killed_volume_server_loses_no_block(nodes, seaweed):
         assert second.stack.read(second.ref("kept"), 0, len(data)) == data
         assert second.origin_gets() == 0
     finally:
-        seaweed.restart_volume(0)
+        seaweed.restart_volumes(0)
 
 
 def test_a_volume_server_killed_during_reads_loses_nothing(nodes, seaweed):
@@ -378,4 +378,4 @@ def test_a_volume_server_killed_during_reads_loses_nothing(nodes, seaweed):
         assert third.stack.read(third.ref("kept"), 0, len(data)) == data
         assert third.origin_gets() == 0, "both copies of every block outlived the kill"
     finally:
-        seaweed.restart_volume(0)
+        seaweed.restart_volumes(0)

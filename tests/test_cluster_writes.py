@@ -24,7 +24,7 @@ import pytest
 from support import run_avafs
 
 from avafs.client import Client
-from avafs.writeback.cluster_queue import SETTLE_BATCH, cluster_id
+from avafs.writeback.cluster_queue import SETTLE_BATCH, Record, cluster_id
 from avafs.writeback.coordination import Etcd
 
 MiB = 2**20
@@ -477,7 +477,7 @@ def test_a_volume_server_killed_during_writes_loses_nothing(cluster):
     status = cluster.status("a")
     print(f"with a volume server down: durable in {status['durable_in']}, "
           f"{status['unstaged']} files not staged ({status['last_error']})")
-    cluster.seaweed.restart_volume(0)
+    cluster.seaweed.restart_volumes(0)
     deadline = time.monotonic() + 60
     while (status := cluster.status("a"))["durable_in"] != "cluster" or status["unstaged"]:
         assert time.monotonic() < deadline, f"never staged again: {status}"
@@ -485,6 +485,45 @@ def test_a_volume_server_killed_during_writes_loses_nothing(cluster):
     files |= write_files(node_a, "after", 5, MiB)
     killed = cluster.kill("a")
     wait_in_origin(cluster.origin, files, killed + TTL + 60)
+
+
+def test_staging_resumes_after_an_outage_that_left_nothing_to_restage(cluster):
+    """Both volume servers down: a file is acknowledged node-durable, and later commits do not
+    try the store again (one timeout per outage); the file reaches the origin meanwhile, so
+    nothing is left to stage again. Once the servers are back the re-stager's probe finds the
+    cluster answering, and the next commit is staged again."""
+    mountpoint = cluster.mount(cluster.origin.as_uri(), "--writeback", "cluster",
+                               *cluster.options, "--node-name", "p", "--writeback-delay", "2",
+                               mountpoint=cluster.tmp_path / "mnt-p",
+                               cache_dir=cluster.tmp_path / "cache-p")
+    cluster.mounts["p"] = mountpoint
+    cluster.seaweed.kill_volume(0)
+    cluster.seaweed.kill_volume(1)
+    started = time.monotonic()
+    write_synced(mountpoint / "during.bin", b"node-durable")
+    first = time.monotonic() - started
+    started = time.monotonic()
+    write_synced(mountpoint / "during-2.bin", b"node-durable too")
+    second = time.monotonic() - started
+    print(f"commits during the outage: {first:.2f} s, then {second:.2f} s")
+    assert cluster.status("p")["durable_in"] == "node"
+    assert second < 1.0, "a commit during a known outage tried the cluster store again"
+    wait_in_origin(cluster.origin, {"during.bin": b"node-durable",
+                                    "during-2.bin": b"node-durable too"}, time.monotonic() + 30)
+    deadline = time.monotonic() + 30
+    while cluster.status("p")["unstaged"]:
+        assert time.monotonic() < deadline, cluster.status("p")
+        time.sleep(0.2)
+    cluster.seaweed.restart_volumes(0, 1)
+    deadline = time.monotonic() + 60
+    while (status := cluster.status("p"))["durable_in"] != "cluster":
+        assert time.monotonic() < deadline, f"staging never resumed: {status}"
+        time.sleep(0.3)
+    write_synced(mountpoint / "after.bin", b"cluster-durable")
+    etcd = Etcd((cluster.etcd.client_url,), timeout=5)
+    records = etcd.get_prefix(f"/avafs/{cluster_id(f's3://{cluster.bucket}/c')}/queue/p/")
+    assert any(Record.decode(value).key == "after.bin" for _, value in records), \
+        "the commit after the outage was not staged (or was uploaded within the delay)"
 
 
 def test_cluster_writes_need_their_cluster(local_bucket, tmp_path):

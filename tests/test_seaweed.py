@@ -32,6 +32,6 @@ def test_cluster_stores_and_reads_through_a_killed_volume_server(seaweed_cluster
         body = client.get_object(Bucket="replicated", Key=key)["Body"].read()
         assert hashlib.sha256(body).digest() == hashlib.sha256(data).digest(), key
 
-    seaweed_cluster.restart_volume(0)
+    seaweed_cluster.restart_volumes(0)
     client.put_object(Bucket="replicated", Key="after-restart", Body=b"back")
     assert client.get_object(Bucket="replicated", Key="after-restart")["Body"].read() == b"back"

@@ -32,9 +32,13 @@ Invariants.
 - The cluster store and etcd are optional at any moment: a failed stage leaves the state
   node-durable (journaled locally, as under `--writeback async`), counted in `unstaged`, and
   the daemon's re-stager stages it again once both answer. After a failure, commits skip
-  staging for PAUSE_AFTER_ERROR seconds, so an outage costs one timeout per pause; the first
-  stage that succeeds (the re-stager's) ends the pause, so the status never says
-  cluster-durable while commits still skip staging.
+  staging until the re-stager has staged something (or, with nothing left to stage, its
+  `probe` answered), so an outage costs one commit one timeout, not one per commit or per
+  pause; the status never says cluster-durable while commits still skip staging.
+- Staging requests may take STAGE_TIMEOUT seconds (or `--cluster-timeout`, if longer) besides
+  their transfer, not the read tier's short limit: a reader has the origin to turn to, a
+  committer only node-durability, and a store busy writing (its disks, its replicas) answers
+  writes late.
 
 Threads and locks. `stage` runs in the committing thread, holding no lock. Drops run in one
 background thread (`avafs-unstage`), which settles the records dropped meanwhile a batch at a
@@ -46,6 +50,7 @@ is a leaf; the write-back manager calls `drop` with `WriteBack.lock` held (it on
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import threading
@@ -68,8 +73,9 @@ if TYPE_CHECKING:  # boto3 is optional: only a cluster mount needs it
 
 log = logging.getLogger(__name__)
 
-PAUSE_AFTER_ERROR = 5.0
-"""Seconds commits skip staging after a failure (the re-stager keeps trying meanwhile)."""
+STAGE_TIMEOUT = 30.0
+"""Seconds a staging request (a part, a PUT, a completion, a delete) may take besides its
+transfer, unless `--cluster-timeout` is longer."""
 SETTLE_BATCH = 100
 """Records deleted in one etcd transaction (etcd refuses more than 128 operations in one, by
 default)."""
@@ -134,13 +140,12 @@ class ClusterQueue:
     records and objects of other nodes are read and settled by a take-over."""
 
     def __init__(self, bucket: ClusterBucket, etcd: Etcd, cluster: str, node: str) -> None:
-        self.bucket = bucket
+        self.bucket = bucket.with_timeout(max(bucket.timeout, STAGE_TIMEOUT))
         self.etcd = etcd
         self.cluster = cluster
         self.node = node
         self.root = f"/avafs/{cluster}/"
         self._lock = threading.Lock()
-        self._paused_until = 0.0
         self.last_error: str | None = None
         self.failing_since: float | None = None
         self._drops = ThreadPoolExecutor(1, thread_name_prefix="avafs-unstage")
@@ -166,10 +171,28 @@ class ClusterQueue:
     # --- staging -------------------------------------------------------------------------------
 
     def available(self) -> bool:
-        """False for a while after a failure: commits leave staging to the re-stager."""
+        """False from a failure until a stage succeeds: commits leave staging to the
+        re-stager meanwhile."""
         with self._lock:
-            paused = time.monotonic() < self._paused_until
-        return not paused and self.fence() is not None
+            failing = self.failing_since is not None
+        return not failing and self.fence() is not None
+
+    def probe(self) -> bool:
+        """Stage nothing the way a commit stages a file (an object of this node's put, then
+        deleted; an etcd transaction fenced by its owner key), for the re-stager to end a
+        failure that left nothing to stage again; True if both answered."""
+        name = self.new_staging_object()
+        try:
+            self.bucket.put(name, io.BytesIO(), 0)
+            self.bucket.delete(name)
+        except Exception as error:  # noqa: BLE001 - the store does not take writes yet
+            self._failed(error)
+            return False
+        try:
+            self.stage_all([])
+        except StagingFailed:
+            return False
+        return True
 
     def new_record(self, source_url: str, key: str, size: int, mtime: float,
                    attrs: Attrs | None, kind: str = DATA, copy_from: str | None = None,
@@ -217,8 +240,9 @@ class ClusterQueue:
             self._failed(error)
             raise StagingFailed(str(error)) from None
         with self._lock:
+            if self.failing_since is not None:
+                log.warning("cluster writes: the cluster takes writes again; staging resumes")
             self.failing_since, self.last_error = None, None
-            self._paused_until = 0.0
 
     def _failed(self, error: Exception) -> None:
         with self._lock:
@@ -226,7 +250,6 @@ class ClusterQueue:
             if first:
                 self.failing_since = time.monotonic()
             self.last_error = str(error)
-            self._paused_until = time.monotonic() + PAUSE_AFTER_ERROR
         if first:
             log.warning("cluster writes: cannot stage in the cluster (%s); writes are only "
                         "node-durable until it answers, then staged again", error)

@@ -649,9 +649,13 @@ class WriteBack:
     def restage(self) -> int:
         """Stage every committed state that is only node-durable (a failed stage, a rename,
         a change of attributes), oldest change first; how many were staged. Stops at the
-        first failure: the cluster is not answering."""
+        first failure: the cluster is not answering. With nothing to stage after a failure,
+        probes the cluster instead, so that commits stage again once it answers."""
+        unstaged = self.unstaged()
+        if not unstaged and self.cluster.failing_since is not None:
+            self.cluster.probe()
         staged_count = 0
-        for entry in self.unstaged():
+        for entry in unstaged:
             staged = self._stage(entry)
             if staged is None:
                 break

@@ -94,6 +94,13 @@ class ClusterBucket(S3Store):
                              limits, checksums=False,
                              session=None if self._checksums else self._session)
 
+    def with_timeout(self, timeout: float) -> ClusterBucket:
+        """The same bucket, checksums as this one's, whose requests may take `timeout` seconds
+        plus the transfer; it shares this bucket's session."""
+        return ClusterBucket(self.bucket, self.prefix, self._endpoint_url, self._profile,
+                             replace(self._limits, timeout=timeout), checksums=self._checksums,
+                             session=self._session)
+
     def prepare_clients(self, largest: int) -> None:
         """Create now the client of every size class up to a `largest`-byte block: creating
         one parses the S3 service model, which a node's first block of each size would
