@@ -17,7 +17,9 @@ cluster tier), then the first node is remounted on its cache dir and reads it ag
 warm disk tier): the issue asks the late node for >= 0.8 x the warm node's speed. Between the
 two, the store's own ceiling: every block the late node read, fetched with boto3 straight from
 the S3 gateway (response checksums off, as the tier's clients), `--threads` and then
-CEILING_THREADS GETs at a time. Each run's
+CEILING_THREADS GETs at a time. Each read is printed with the CPU seconds it took (the daemon's,
+the store's processes' for the late node, the readers'): where the store runs on the nodes'
+own cores, their sum over the cores bounds the late node's time. Each run's
 cluster tier uses a prefix of its own, so it starts empty. `--tier-only` skips the local-only
 runs; `--profile DIR` samples the late node's and the warm node's daemons with py-spy
 (bench/profiling.py), which slows them: a profiled run's timings are not results.
@@ -43,7 +45,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests"))  # proxy,
 from botocore.config import Config  # noqa: E402
 from common import MiB, make_dataset, median, read_all  # noqa: E402
 from fault_proxy import FaultProxy  # noqa: E402
-from mounts import AvafsMount, unmount_everything  # noqa: E402
+from mounts import AvafsMount, cpu_seconds, unmount_everything  # noqa: E402
 from profiling import Profiler  # noqa: E402
 from s3server import BUCKET, CREDENTIALS, MotoServer  # noqa: E402
 from seaweed import SeaweedCluster  # noqa: E402
@@ -73,6 +75,11 @@ class Result:
     warm: float = 0.0
     ceiling: tuple[float, float] = (0.0, 0.0)
     """MiB/s of the store's S3 gateway alone, `--threads` and CEILING_THREADS GETs at a time."""
+    late_cpu: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """CPU seconds during the late node's read: its daemon, the store's processes, the reader
+    (this process)."""
+    warm_cpu: tuple[float, float] = (0.0, 0.0)
+    """CPU seconds during the warm node's read: its daemon, the reader."""
     errors: Counter[str] = field(default_factory=Counter)
     """Failed cluster tier requests by kind, every node's (`cluster.errors` of their status)."""
     dropped: int = 0
@@ -134,19 +141,37 @@ def run(names: list[str], dataset: int, nodes: int, threads: int, proxy: FaultPr
             result.dropped += tier["fills_dropped"]
         before = proxy.received_from_upstream
         late = group.add()
+        store = [process.pid for process in cluster.processes if process.pid is not None]
+        before_cpu = cpu_now(late.pid, store)
         with profiler.record(f"{root.name}-late", late.pid):
             result.late = read_all(late.mountpoint, names, threads)[1]
+        result.late_cpu = cpu_since(before_cpu, late.pid, store)
         result.late_amplification = (proxy.received_from_upstream - before) / dataset
         result.ceiling = (store_ceiling(cluster, root.name, threads),
                           store_ceiling(cluster, root.name, CEILING_THREADS))
         first = mounts[0]
         first.unmount()
         first.mount(group.cache_dir(0))
+        before_cpu = cpu_now(first.pid, [])
         with profiler.record(f"{root.name}-warm", first.pid):
             result.warm = read_all(first.mountpoint, names, threads)[1]
+        daemon, _, reader = cpu_since(before_cpu, first.pid, [])
+        result.warm_cpu = (daemon, reader)
         return result
     finally:
         group.close()
+
+
+def cpu_now(daemon: int, store: list[int]) -> tuple[float, float, float]:
+    """CPU seconds so far of the daemon, of the store's processes together, and of this
+    process (the readers): with the machine's cores, what bounds a read's wall time."""
+    return cpu_seconds(daemon), sum(cpu_seconds(pid) for pid in store), time.process_time()
+
+
+def cpu_since(before: tuple[float, float, float], daemon: int, store: list[int]
+              ) -> tuple[float, float, float]:
+    now = cpu_now(daemon, store)
+    return now[0] - before[0], now[1] - before[1], now[2] - before[2]
 
 
 def store_ceiling(cluster: SeaweedCluster, prefix: str, threads: int) -> float:
@@ -242,7 +267,11 @@ def main() -> int:
                                  f"({dict(+result.errors)}), fills dropped "
                                  f"{result.dropped}; late {result.late:.1f} s (origin / "
                                  f"dataset {result.late_amplification:.2f}), warm "
-                                 f"{result.warm:.1f} s, the store alone "
+                                 f"{result.warm:.1f} s; CPU s of the late read: daemon "
+                                 f"{result.late_cpu[0]:.2f}, store {result.late_cpu[1]:.2f}, "
+                                 f"reader {result.late_cpu[2]:.2f} ({os.cpu_count()} cores); "
+                                 f"of the warm read: daemon {result.warm_cpu[0]:.2f}, reader "
+                                 f"{result.warm_cpu[1]:.2f}; the store alone "
                                  f"{result.ceiling[0]:.0f} / {result.ceiling[1]:.0f} MiB/s"
                                  if tier else ""), flush=True)
                         results.setdefault((nodes, tier is not None), []).append(result)

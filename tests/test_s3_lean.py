@@ -17,7 +17,7 @@ from botocore.config import Config
 from support import TEST_CREDENTIALS
 
 from avafs.errors import ObjectChangedError
-from avafs.stores.s3.lean import LeanRequests
+from avafs.stores.s3.lean import Changed, LeanRequests
 from avafs.stores.s3.store import S3Store
 
 
@@ -94,3 +94,21 @@ def test_a_lean_ranged_get_gets_the_bytes_and_sees_the_object_change(s3_server, 
 
     assert first == data[10:1010]
     assert len(s3_server.requests()) == requests + 3, "one GET each, no boto3 repeat"
+
+
+def test_a_lean_whole_get_gives_the_bytes_and_the_metadata_boto3_would(s3_server, bucket):
+    session = boto3.session.Session(region_name="us-east-1")
+    client = session.client("s3", endpoint_url=s3_server.endpoint)
+    lean = LeanRequests(lambda size: client, session.get_credentials(), bucket)
+    data = os.urandom(50_000)
+    client.put_object(Bucket=bucket, Key="blocks/b", Body=data,
+                      Metadata={"avafs-size": "50000", "avafs-crc32": "0badcafe"})
+    requests = len(s3_server.requests())
+
+    found = lean.get_object("blocks/b", len(data))
+    with pytest.raises(Changed):
+        lean.get_object("blocks/absent", 1)
+
+    assert found == (data, client.head_object(Bucket=bucket, Key="blocks/b")["Metadata"])
+    assert found[1] == {"avafs-size": "50000", "avafs-crc32": "0badcafe"}
+    assert len(s3_server.requests()) == requests + 3, "one GET each (and the HEAD)"

@@ -40,7 +40,9 @@ failed delete pauses claims, as a failed claim does), so other nodes do not wait
 FILL_WAIT on a block this node will never fill. (A claim that is only retried, not left over,
 would find its own marker and take it for another node's.) The tier's requests skip
 botocore's own CRC32 of each block (`ClusterBucket.for_blocks`): the block's CRC32 in its
-metadata is checked here.
+metadata is checked here; for the same reason a block's GET goes without botocore's
+per-request machinery (stores/s3/lean.py): a node reading from the tier sends one request per
+block, so that machinery's CPU per request is paid per block served.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import botocore.session
 
 from ...errors import AvafsError
 from ..base import StoreLimits
+from .lean import Changed
 from .store import S3Store, _code, _size_class
 
 ACCESS_KEY_VARIABLE = "AVAFS_CLUSTER_ACCESS_KEY_ID"
@@ -113,8 +114,15 @@ class ClusterBucket(S3Store):
 
     def get_object(self, key: str, size: int) -> tuple[bytes, dict[str, str]] | None:
         """The whole object `key` (expected to be `size` bytes) and its metadata; None if it
-        is absent."""
+        is absent. A bucket whose caller checks the bytes (`for_blocks`) sends it lean."""
         with self._store_errors(f"GET of {key!r}"):
+            if not self._checksums:
+                try:
+                    found = self._lean.get_object(self.prefix + key, size)
+                except Changed:
+                    return None
+                if found is not None:
+                    return found
             try:
                 reply = self._sized(size).get_object(Bucket=self.bucket, Key=self.prefix + key)
             except botocore.exceptions.ClientError as error:

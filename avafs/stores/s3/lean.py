@@ -8,7 +8,8 @@ SigV4 signer and sent over the client's own HTTP session (its connection pool, p
 bundle and timeouts), costs a fraction of that; `botocore_adapter.py` holds every botocore
 internal that takes. Only the answer we expect is handled here: anything else (an error status,
 a redirect, a dropped connection) returns None, and the caller repeats the request through the
-full client, which owns retries, redirects and error reporting. An answer that says the lean
+full client, which owns retries, redirects and error reporting; a request that got no answer in
+time raises botocore's error, as the full client would only wait again. An answer that says the lean
 path itself is wrong (a redirect or a 400, as for a bucket in another region than the
 client's) turns the lean path off for the mount.
 """
@@ -41,6 +42,7 @@ WRONG_PATH = (301, 307, 400)
 """Answers that would repeat on every lean request (the bucket lives elsewhere, the request
 is malformed for this server): boto3, which follows redirects, takes over for good."""
 _S3 = "{http://s3.amazonaws.com/doc/2006-03-01/}"
+_METADATA = "x-amz-meta-"
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,24 @@ class LeanRequests:
         if response.status_code in CHANGED:
             raise Changed()
         return None
+
+    def get_object(self, key: str, size: int) -> tuple[bytes, dict[str, str]] | None:
+        """The whole object `key` (of about `size` bytes) and its user metadata, named as
+        boto3 names it (lower case, without `x-amz-meta-`); None when the full client should
+        handle the request. Raises Changed when the key is absent. No checksum of the body is
+        checked: for a caller that checks the bytes itself."""
+        base = self._bucket_url()
+        if base is None:
+            return None
+        response = self._send("GET", base + quote(key, safe="/~"), {}, size=size)
+        if response is None or response.status_code not in (OK, 404):
+            return None
+        if response.status_code == 404:
+            raise Changed()
+        metadata = {name.lower()[len(_METADATA):]: value
+                    for name, value in response.headers.items()
+                    if name.lower().startswith(_METADATA)}
+        return response.content, metadata
 
     def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> str | None:
         """Store an object with user `metadata` in one PutObject; its ETag, or None when the
