@@ -265,8 +265,13 @@ def test_a_lost_nodes_open_staging_upload_is_aborted(cluster):
 
 
 def test_avafs_recover_uploads_a_lost_nodes_queue_by_hand(cluster):
+    """...and deletes the staging objects no record names (a node lost between a record's
+    deletion and its object's)."""
     node_a = cluster.node("a")
     files = write_files(node_a, "run2", 10, 3 * MiB)
+    for name in ("stray-1", "stray-2"):
+        cluster.seaweed.client().put_object(Bucket=cluster.bucket, Key=f"c/staging/a/{name}",
+                                            Body=b"no record names this")
     refused = run_avafs("recover", "--node", "a", *cluster.options)
     assert refused.returncode == 1 and "is alive" in refused.stderr  # its lease holds
     cluster.kill("a")
@@ -275,6 +280,7 @@ def test_avafs_recover_uploads_a_lost_nodes_queue_by_hand(cluster):
     assert result.returncode == 0, result.stderr
     assert f"{len(files) + 1} changes applied" in result.stdout  # and their directory
     wait_in_origin(cluster.origin, files, time.monotonic() + 1)
+    assert staged_objects(cluster, "a") == 0
 
 
 def test_an_etcd_restart_loses_nothing_and_takes_over_once(seaweed_cluster, own_etcd,

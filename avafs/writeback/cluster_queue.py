@@ -332,11 +332,8 @@ class ClusterQueue:
         uploads (files it was streaming when it was lost); how many. Only for a node whose
         queue the caller holds and that is not running: a live node's streams are its own."""
         named = {self.object_name(node, record.id) for record in self.records(node)}
-        swept = 0
-        for key in self.bucket.keys_under(f"staging/{node}/"):
-            if key not in named:
-                self.bucket.delete(key)
-                swept += 1
+        unnamed = [key for key in self.bucket.keys_under(f"staging/{node}/") if key not in named]
+        swept = len(unnamed) - self.bucket.delete_all(unnamed)
         for key, upload_id in self.bucket.open_uploads(f"staging/{node}/"):
             self.bucket.abort_upload(key, upload_id)
             swept += 1
