@@ -8,10 +8,12 @@ import hashlib
 import http.server
 import os
 import threading
+import time
 import zlib
 from collections.abc import Iterator
 
 import boto3
+import botocore.exceptions
 import pytest
 from botocore.config import Config
 from support import TEST_CREDENTIALS
@@ -38,22 +40,53 @@ class _Redirecting(http.server.BaseHTTPRequestHandler):
         return
 
 
-@pytest.fixture
-def redirecting_endpoint() -> Iterator[str]:
-    _Redirecting.requests = []
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Redirecting)
+class _BreakingOff(http.server.BaseHTTPRequestHandler):
+    """A server that starts a 1000-byte answer and sends 10 bytes of it; then, for a key
+    named "stall", waits past the client's read timeout, and for any other, hangs up."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        self.send_response(200)
+        self.send_header("Content-Length", "1000")
+        self.end_headers()
+        self.wfile.write(b"x" * 10)
+        self.wfile.flush()
+        if self.path.endswith("/stall"):
+            time.sleep(1.0)
+        self.close_connection = True
+
+    def log_message(self, *args: object) -> None:
+        return
+
+
+def _serve(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
 
 
-def test_a_redirect_hands_every_later_request_to_boto3(redirecting_endpoint):
+@pytest.fixture
+def redirecting_endpoint() -> Iterator[str]:
+    _Redirecting.requests = []
+    yield from _serve(_Redirecting)
+
+
+@pytest.fixture
+def breaking_off_endpoint() -> Iterator[str]:
+    yield from _serve(_BreakingOff)
+
+
+def _lean_requests(endpoint: str, config: Config | None = None) -> LeanRequests:
     session = boto3.session.Session(aws_access_key_id=TEST_CREDENTIALS["AWS_ACCESS_KEY_ID"],
                                     aws_secret_access_key=TEST_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
                                     region_name="us-east-1")
-    client = session.client("s3", endpoint_url=redirecting_endpoint)
-    lean = LeanRequests(lambda size: client, session.get_credentials(), "bucket")
+    client = session.client("s3", endpoint_url=endpoint, config=config)
+    return LeanRequests(lambda size: client, session.get_credentials(), "bucket")
+
+
+def test_a_redirect_hands_every_later_request_to_boto3(redirecting_endpoint):
+    lean = _lean_requests(redirecting_endpoint)
 
     assert lean.open("key", 0, 10, "etag") is None
     assert lean.list_page("", None) is None
@@ -112,3 +145,15 @@ def test_a_lean_whole_get_gives_the_bytes_and_the_metadata_boto3_would(s3_server
     assert found == (data, client.head_object(Bucket=bucket, Key="blocks/b")["Metadata"])
     assert found[1] == {"avafs-size": "50000", "avafs-crc32": "0badcafe"}
     assert len(s3_server.requests()) == requests + 3, "one GET each (and the HEAD)"
+
+
+def test_a_whole_get_whose_body_breaks_off_steps_aside_and_one_that_stalls_times_out(
+        breaking_off_endpoint):
+    """The body is read outside botocore's send, so its transport errors are mapped here as
+    botocore maps them: a broken transfer goes to boto3, a stalled one is botocore's timeout
+    (asking again would only wait again)."""
+    lean = _lean_requests(breaking_off_endpoint, Config(read_timeout=0.3))
+
+    assert lean.get_object("blocks/broken", 1000) is None
+    with pytest.raises(botocore.exceptions.ReadTimeoutError):
+        lean.get_object("blocks/stall", 1000)

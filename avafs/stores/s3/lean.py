@@ -28,6 +28,7 @@ from urllib.parse import quote, unquote_plus, urlencode, urlsplit
 from xml.etree import ElementTree
 
 import botocore.exceptions
+import urllib3.exceptions
 
 from ..base import ObjectInfo
 from . import botocore_adapter
@@ -117,15 +118,19 @@ class LeanRequests:
         base = self._bucket_url()
         if base is None:
             return None
-        response = self._send("GET", base + quote(key, safe="/~"), {}, size=size)
-        if response is None or response.status_code not in (OK, 404):
+        url = base + quote(key, safe="/~")
+        response = self._send("GET", url, {}, size=size, stream_output=True)
+        if response is None:
+            return None
+        body = _read_body(response.raw, url)
+        if body is None or response.status_code not in (OK, 404):
             return None
         if response.status_code == 404:
             raise Changed()
         metadata = {name.lower()[len(_METADATA):]: value
                     for name, value in response.headers.items()
                     if name.lower().startswith(_METADATA)}
-        return response.content, metadata
+        return body, metadata
 
     def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> str | None:
         """Store an object with user `metadata` in one PutObject; its ETag, or None when the
@@ -204,6 +209,20 @@ def sends_crc32(client) -> bool:
     (`request_checksum_calculation`, or AWS_REQUEST_CHECKSUM_CALCULATION, set to
     "when_required" turns it off for stores that refuse the headers)."""
     return client.meta.config.request_checksum_calculation == "when_supported"
+
+
+def _read_body(raw, url: str) -> bytes | None:
+    """The whole body of a response sent with `stream_output`, in one read: botocore's own
+    `content` gathers a body from 64 KiB reads, and their per-read work was most of the CPU of
+    a block's GET. None when the transfer broke off (the caller falls back to boto3);
+    botocore's ReadTimeoutError when the store stopped sending in time, as botocore raises
+    it for a body it reads itself."""
+    try:
+        return raw.read()
+    except (urllib3.exceptions.ReadTimeoutError, TimeoutError) as error:
+        raise botocore.exceptions.ReadTimeoutError(endpoint_url=url, error=error) from None
+    except (urllib3.exceptions.HTTPError, OSError):
+        return None
 
 
 def _whole_range(status: int, headers, length: int) -> bool:
