@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -166,6 +167,24 @@ def test_a_damaged_block_is_a_miss_and_is_refilled(nodes, seaweed, damage):
     third = nodes()
     assert third.stack.read(third.ref("one"), 0, BLOCK) == data
     assert third.origin_gets() == 0
+
+
+@pytest.mark.parametrize("intact", [True, False])
+def test_a_block_filled_with_a_crc32_is_still_served_and_still_checked(nodes, seaweed, intact):
+    """Blocks filled before the tier summed with CRC-32C carry a CRC-32 in `avafs-crc32`."""
+    data = os.urandom(BLOCK)
+    (nodes.origin / "one").write_bytes(data)
+    first = nodes()
+    ref = first.ref("one")
+    key = first.cluster.bucket.prefix + first.cluster.block_key(ref.block(0))
+    stored = data if intact else data[:100] + bytes([data[100] ^ 1]) + data[101:]
+    seaweed.client().put_object(Bucket=CACHE, Key=key, Body=stored, Metadata={
+        "avafs-size": str(BLOCK), "avafs-crc32": f"{zlib.crc32(data):08x}"})
+
+    assert first.stack.read(ref, 0, BLOCK) == data
+    assert first.origin_gets() == (0 if intact else 1)
+    corrupt = first.count("cluster_errors", "corrupt")
+    assert corrupt == 0 if intact else corrupt >= 1  # each look counts it
 
 
 def test_fills_never_block_and_are_dropped_past_their_memory(nodes, seaweed):

@@ -3,8 +3,10 @@ shared by every node, between the node's disk tier and the source (`--cluster-ca
 
 Names. A block is `blocks/<block size>/<h>` where `h` hashes its BlockId (source URL, key,
 ETag, index): a changed object has a new ETag, so its blocks have new names and a stale block
-is never found. Each block carries its length and CRC32 in its metadata; a block that does
-not match them (torn, truncated, overwritten) is a miss, and the next fill replaces it.
+is never found. Each block carries its length and CRC-32C (`google-crc32c`, the CPU's own
+instruction where it has one: a node reading from the tier sums every block it gets) in its
+metadata; a block that does not match them (torn, truncated, overwritten) is a miss, and the
+next fill replaces it. Blocks filled before CRC-32C carry a CRC-32 and are checked with it.
 
 Fills. A block read from the source is written here in the background by FILL_THREADS
 threads from a queue bounded in bytes (FILL_MEMORY); a block that does not fit is dropped
@@ -39,7 +41,7 @@ failed stays: all are left-overs, deleted by the fill threads once claims are on
 failed delete pauses claims, as a failed claim does), so other nodes do not wait
 FILL_WAIT on a block this node will never fill. (A claim that is only retried, not left over,
 would find its own marker and take it for another node's.) The tier's requests skip
-botocore's own CRC32 of each block (`ClusterBucket.for_blocks`): the block's CRC32 in its
+botocore's own CRC32 of each block (`ClusterBucket.for_blocks`): the block's checksum in its
 metadata is checked here; for the same reason a block's GET goes without botocore's
 per-request machinery (stores/s3/lean.py): a node reading from the tier sends one request per
 block, so that machinery's CPU per request is paid per block served.
@@ -56,6 +58,8 @@ import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
+
+import google_crc32c
 
 from ..errors import StoreError
 from ..metrics import Metrics
@@ -85,7 +89,9 @@ to FILL_TIMEOUT each, a slow store would otherwise hold an unmount for minutes."
 _FIRST_POLL = 0.02
 _LAST_POLL = 0.2
 _SIZE = "avafs-size"
-_CRC = "avafs-crc32"
+_CRC32C = "avafs-crc32c"
+_CRC32 = "avafs-crc32"
+"""The checksum of blocks filled before CRC-32C."""
 
 
 class ClusterTier:
@@ -209,8 +215,7 @@ class ClusterTier:
         if found is None:
             return None
         data, metadata = found
-        if (len(data) != size or metadata.get(_SIZE) != str(size)
-                or metadata.get(_CRC) != f"{zlib.crc32(data):08x}"):
+        if len(data) != size or metadata.get(_SIZE) != str(size) or not _intact(data, metadata):
             self.metrics.cluster_errors.labels("corrupt").inc()
             log.warning("cluster tier: block %d of %s is damaged (%d bytes, %d expected); "
                         "reading it from the source", block.index, block.key, len(data), size)
@@ -331,7 +336,8 @@ class ClusterTier:
     def fill_now(self, block: BlockId, data: bytes) -> None:
         """Write a block in this thread (warmup); raises StoreError when the store fails."""
         self._writer.put_object(self.block_key(block), data,
-                               {_SIZE: str(len(data)), _CRC: f"{zlib.crc32(data):08x}"})
+                               {_SIZE: str(len(data)),
+                                _CRC32C: f"{google_crc32c.value(data):08x}"})
         self.metrics.cluster_fills.inc()
         self.metrics.cluster_fill_bytes.inc(len(data))
 
@@ -420,3 +426,11 @@ class ClusterTier:
             self._fills.put(None)
         for thread in self._threads:
             thread.join()
+
+
+def _intact(data: bytes, metadata: dict[str, str]) -> bool:
+    """Whether the block's bytes match the checksum in its metadata (CRC-32C, or the CRC-32 of
+    a block filled before it)."""
+    if _CRC32C in metadata:
+        return metadata[_CRC32C] == f"{google_crc32c.value(data):08x}"
+    return metadata.get(_CRC32) == f"{zlib.crc32(data):08x}"

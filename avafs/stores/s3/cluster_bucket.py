@@ -86,8 +86,8 @@ class ClusterBucket(S3Store):
 
     def for_blocks(self, timeout: float | None = None) -> ClusterBucket:
         """The same bucket with clients of its own for blocks whose bytes the caller checks
-        (the cluster tier's CRC32 in each block's metadata), so botocore does not compute a
-        second CRC32 of every block sent and received; its requests may take `timeout`
+        (the cluster tier's checksum in each block's metadata), so botocore does not sum every
+        block sent and received a second time; its requests may take `timeout`
         seconds (default: this bucket's) plus the transfer. Made from such a bucket, it
         shares its session (the S3 service model is parsed once per session)."""
         limits = self._limits if timeout is None else replace(self._limits, timeout=timeout)
