@@ -56,6 +56,14 @@ def shared_base() -> Iterator[Path]:
     shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.fixture
+def mount_in_base(shared_base, mount):
+    """`mount`, set up after `shared_base` so its mounts are gone before the base is removed:
+    removing the base under a live mount would delete through the mount and leave the
+    mountpoint behind in /tmp."""
+    return mount
+
+
 def _mount_with_umask_zero(mount, bucket: Path, base: Path, *args: str) -> tuple[Path, Path]:
     """Mount from a process whose umask is 0, so nothing is private by accident."""
     cache = base / "cache"
@@ -101,8 +109,9 @@ def _assert_private(cache: Path) -> None:
             assert mode & 0o077 == 0, f"{directory}/{name} is {oct(mode)}"
 
 
-def test_another_user_reads_nothing_without_allow_other(mount, secret_bucket, shared_base):
-    cache, mountpoint = _mount_with_umask_zero(mount, secret_bucket, shared_base)
+def test_another_user_reads_nothing_without_allow_other(mount_in_base, secret_bucket,
+                                                        shared_base):
+    cache, mountpoint = _mount_with_umask_zero(mount_in_base, secret_bucket, shared_base)
     _fill(mountpoint)
 
     seen = _probe(cache, mountpoint)
@@ -112,8 +121,10 @@ def test_another_user_reads_nothing_without_allow_other(mount, secret_bucket, sh
     _assert_private(cache)
 
 
-def test_allow_other_gives_the_mount_not_the_cache_dir(mount, secret_bucket, shared_base):
-    cache, mountpoint = _mount_with_umask_zero(mount, secret_bucket, shared_base, "--allow-other")
+def test_allow_other_gives_the_mount_not_the_cache_dir(mount_in_base, secret_bucket,
+                                                       shared_base):
+    cache, mountpoint = _mount_with_umask_zero(mount_in_base, secret_bucket, shared_base,
+                                               "--allow-other")
     _fill(mountpoint)
 
     seen = _probe(cache, mountpoint)
@@ -124,14 +135,14 @@ def test_allow_other_gives_the_mount_not_the_cache_dir(mount, secret_bucket, sha
     _assert_private(cache)
 
 
-def test_a_loose_cache_dir_is_made_private_at_mount(mount, secret_bucket, shared_base):
+def test_a_loose_cache_dir_is_made_private_at_mount(mount_in_base, secret_bucket, shared_base):
     cache = shared_base / "cache"
     cache.mkdir(mode=0o755)
     os.chmod(cache, 0o755)
     (cache / "avafs.log").write_text("an older mount's log\n")
     os.chmod(cache / "avafs.log", 0o644)
 
-    _mount_with_umask_zero(mount, secret_bucket, shared_base)
+    _mount_with_umask_zero(mount_in_base, secret_bucket, shared_base)
 
     assert stat.S_IMODE(cache.stat().st_mode) == 0o700
     assert stat.S_IMODE((cache / "avafs.log").stat().st_mode) == 0o600
