@@ -10,8 +10,8 @@ volume server can be killed with SIGKILL and started again on the same ports and
 folder, as a crashed storage node comes back.
 
 `start()` returns once the S3 gateway answers and the master counts every volume server, so
-a write right after it has the replicas its placement needs. The gateway accepts any
-credentials (no identities are configured), like moto.
+a write right after it has the replicas its placement needs. Unless given an identities file,
+the gateway accepts any credentials, like moto.
 """
 
 from __future__ import annotations
@@ -130,10 +130,11 @@ class SeaweedCluster:
 
     `replication` is the master's default placement: "000" one copy, "001" a second copy
     on another volume server of the same rack (which needs two or more volume servers).
-    `volume_size_mb` bounds each volume file, so a small disk holds enough volumes."""
+    `volume_size_mb` bounds each volume file, so a small disk holds enough volumes.
+    `s3_config` is the gateway's identities file: with it, the gateway checks signatures."""
 
     def __init__(self, root: Path, volume_servers: int = 2, replication: str = "001",
-                 volume_size_mb: int = 256) -> None:
+                 volume_size_mb: int = 256, s3_config: Path | None = None) -> None:
         if replication != "000" and volume_servers < 2:
             raise ValueError(f"replication {replication} needs two or more volume servers")
         self.root = root
@@ -159,8 +160,8 @@ class SeaweedCluster:
             f"-master={master_address}", "-defaultStoreDir=."], filer, root / "filer")
         self.s3 = WeedProcess("s3", [
             "s3", "-ip.bind=127.0.0.1", f"-port={s3}", f"-port.grpc={s3_grpc}",
-            "-port.iceberg=0", "-port.lance=0", f"-filer=127.0.0.1:{filer}.{filer_grpc}"],
-            s3, root / "s3")
+            "-port.iceberg=0", "-port.lance=0", f"-filer=127.0.0.1:{filer}.{filer_grpc}",
+            *([f"-config={s3_config}"] if s3_config else [])], s3, root / "s3")
 
     @property
     def processes(self) -> list[WeedProcess]:

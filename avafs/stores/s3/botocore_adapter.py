@@ -2,11 +2,11 @@
 
 What it reaches into, and why:
 - `client._endpoint.http_session`, a `botocore.httpsession.URLLib3Session`, and its `send`:
-  a request signed here goes out over the client's own connection pool, so it shares the
+  a lean request goes out over the client's own connection pool, so it shares the
   client's keep-alive connections, proxies, CA bundle and timeouts instead of opening a pool
   of its own.
-- `botocore.auth.S3SigV4Auth` and `botocore.awsrequest.AWSRequest`, public names in modules
-  boto3 does not document: the signer and the request it signs.
+- `botocore.awsrequest.AWSPreparedRequest`, a public name in a module boto3 does not
+  document: the request object that session sends.
 - the `AWSResponse` that `send` returns: `status_code`, `headers`, `content`, and `raw`, the
   urllib3 response read as a stream.
 - `StreamingBody._raw_stream`, the urllib3 response under a boto3 GET's body: the data reads
@@ -24,8 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from botocore.auth import S3SigV4Auth
-from botocore.awsrequest import AWSRequest
+from botocore.awsrequest import AWSPreparedRequest
 
 
 def moved_internals(client: Any) -> list[str]:
@@ -42,17 +41,12 @@ def moved_internals(client: Any) -> list[str]:
     return []
 
 
-def signed(method: str, url: str, headers: dict[str, str], credentials: Any, region: str,
-           data: bytes | None = None, stream_output: bool = False) -> Any:
-    """A prepared request signed with SigV4 for S3, its headers a plain dict (urllib3 copies
-    the headers of every request: botocore's case-insensitive mapping copies item by item, a
-    plain dict at C speed)."""
-    request = AWSRequest(method=method, url=url, headers=headers, data=data,
-                         stream_output=stream_output)
-    S3SigV4Auth(credentials.get_frozen_credentials(), "s3", region).add_auth(request)
-    prepared = request.prepare()
-    prepared.headers = dict(prepared.headers.items())
-    return prepared
+def prepared(method: str, url: str, headers: dict[str, str], data: bytes | None = None,
+             stream_output: bool = False) -> Any:
+    """The request as the client's HTTP session sends it, headers already signed (sigv4.py).
+    Its headers stay a plain dict: urllib3 copies the headers of every request, and
+    botocore's case-insensitive mapping copies item by item where a dict copies at C speed."""
+    return AWSPreparedRequest(method, url, headers, data or None, stream_output)
 
 
 def send(client: Any, prepared: Any) -> Any:

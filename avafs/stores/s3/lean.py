@@ -3,8 +3,8 @@
 Why: botocore runs its whole per-request machinery on every get_object or put_object (endpoint
 rules, event hooks, parameter validation, header parsing), and parses a 1000-key LIST page into
 dicts with dateutil; that CPU is taken from the readers, the writers and, on a shared machine,
-the server (see BENCHMARKS.md, "S3 transports"). The same request, signed with botocore's own
-SigV4 signer and sent over the client's own HTTP session (its connection pool, proxies, CA
+the server (see BENCHMARKS.md, "S3 transports"). The same request, signed by sigv4.py
+and sent over the client's own HTTP session (its connection pool, proxies, CA
 bundle and timeouts), costs a fraction of that; `botocore_adapter.py` holds every botocore
 internal that takes. Only the answer we expect is handled here: anything else (an error status,
 a redirect, a dropped connection) returns None, and the caller repeats the request through the
@@ -24,14 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-from urllib.parse import quote, unquote_plus, urlencode, urlsplit
+from urllib.parse import quote, unquote_plus, urlsplit
 from xml.etree import ElementTree
 
 import botocore.exceptions
 import urllib3.exceptions
 
 from ..base import ObjectInfo
-from . import botocore_adapter
+from . import botocore_adapter, sigv4
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +65,8 @@ class LeanRequests:
         suits a request carrying `size` bytes; `clients(0)` signs and addresses."""
         self._clients = clients
         self._client = clients(0)
-        self._credentials = credentials
+        self._signer = sigv4.Signer(credentials, self._client.meta.region_name or "us-east-1")
         self._bucket = bucket
-        self._region = self._client.meta.region_name or "us-east-1"
         self._base: str | None = None
         self._usable = credentials is not None and _shape_expected(self._client)
 
@@ -170,7 +169,7 @@ class LeanRequests:
         query = {"list-type": "2", "prefix": prefix, "delimiter": "/", "encoding-type": "url"}
         if token is not None:
             query["continuation-token"] = token
-        response = self._send("GET", f"{base}?{urlencode(query)}", {})
+        response = self._send("GET", f"{base}?{sigv4.canonical_query(query)}", {})
         if response is None or response.status_code != OK:
             return None
         try:
@@ -185,8 +184,9 @@ class LeanRequests:
         not answer in time is botocore's error always: asking boto3 the same would only wait
         again, and a caller that allows one try would wait twice its limit."""
         try:
-            response = botocore_adapter.send(self._clients(size), botocore_adapter.signed(
-                method, url, headers, self._credentials, self._region, data, stream_output))
+            response = botocore_adapter.send(self._clients(size), botocore_adapter.prepared(
+                method, url, self._signer.headers(method, url, headers, data), data,
+                stream_output))
         except (botocore.exceptions.ReadTimeoutError, botocore.exceptions.ConnectTimeoutError):
             raise
         except botocore.exceptions.BotoCoreError:
