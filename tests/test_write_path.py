@@ -330,3 +330,31 @@ def test_daemon_killed_with_unflushed_file_then_remount_serves_journal(s3_server
     assert Client(mnt).status()["dirty"]["files"] == 1
     Client(mnt).flush()
     assert store_bytes(s3_server, bucket, "keep.txt") == b"acknowledged by close"
+
+
+def test_writes_after_an_fsync_are_committed_by_close_and_survive_a_crash(s3_server, bucket,
+                                                                          s3_mount):
+    """What a writer adds after an fsync is durable at close like what came before it, and a
+    file closed unchanged after its fsync stays as synced: a crash right after loses none."""
+    mnt = s3_mount("--writeback-delay", "3600")
+    with open(mnt / "log.txt", "wb") as file:
+        file.write(b"before the fsync, ")
+        file.flush()
+        os.fsync(file.fileno())
+        os.fsync(file.fileno())
+        file.write(b"after it")
+    with open(mnt / "synced.txt", "wb") as file:
+        file.write(b"synced, then closed unchanged")
+        file.flush()
+        os.fsync(file.fileno())
+    pid = int(os.getxattr(mnt, "user.avafs.pid"))
+    os.kill(pid, 9)
+    wait_for_exit(pid, 30)
+    unmount(mnt)
+
+    mnt = s3_mount("--writeback-delay", "3600", mountpoint=mnt)
+    assert (mnt / "log.txt").read_bytes() == b"before the fsync, after it"
+    assert (mnt / "synced.txt").read_bytes() == b"synced, then closed unchanged"
+    Client(mnt).flush()
+    assert store_bytes(s3_server, bucket, "log.txt") == b"before the fsync, after it"
+    assert store_bytes(s3_server, bucket, "synced.txt") == b"synced, then closed unchanged"
