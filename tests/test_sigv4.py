@@ -87,8 +87,13 @@ def checking_store(tmp_path_factory):
     cluster = SeaweedCluster(root / "cluster", volume_servers=1, replication="000",
                              s3_config=config)
     cluster.start()
-    yield cluster
-    cluster.stop()
+    try:
+        boto3.client("s3", endpoint_url=cluster.endpoint, region_name="us-east-1",
+                     aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET).create_bucket(
+            Bucket="signed")
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 def _lean(cluster, secret: str) -> LeanRequests:
@@ -99,9 +104,6 @@ def _lean(cluster, secret: str) -> LeanRequests:
 
 
 def test_a_store_that_checks_signatures_accepts_every_lean_request(checking_store):
-    boto3.client("s3", endpoint_url=checking_store.endpoint, region_name="us-east-1",
-                 aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET).create_bucket(
-        Bucket="signed")
     lean = _lean(checking_store, SECRET)
     key = "my data/+x/sample é.bin"
 
@@ -114,7 +116,9 @@ def test_a_store_that_checks_signatures_accepts_every_lean_request(checking_stor
 
 
 def test_a_store_that_checks_signatures_refuses_a_wrong_secret(checking_store):
-    lean = _lean(checking_store, "not-the-secret")
+    wrong = _lean(checking_store, "not-the-secret")
 
-    assert lean.put("refused.bin", b"data") is None, "a refused lean PUT steps aside"
-    assert lean.list_page("", None) is None
+    assert wrong.put("refused.bin", b"data") is None, "a refused lean PUT steps aside"
+    assert wrong.list_page("", None) is None
+    assert _lean(checking_store, SECRET).put("refused.bin", b"data") is not None, \
+        "the same PUT signed with the right secret is taken"
