@@ -9,6 +9,7 @@ import random
 import sqlite3
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from sample_data import payload, sha256
@@ -22,6 +23,16 @@ MiB = 2**20
 
 def store_bytes(server, bucket: str, key: str) -> bytes:
     return server.client().get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+def crash_and_remount(s3_mount, mnt: Path, *args: str) -> Path:
+    """Kill the mount's daemon (SIGKILL: nothing flushed, nothing said goodbye to) and mount
+    again with `args` on the same mountpoint and cache dir, as after a crash."""
+    pid = int(os.getxattr(mnt, "user.avafs.pid"))
+    os.kill(pid, 9)
+    wait_for_exit(pid, 30)
+    unmount(mnt)
+    return s3_mount(*args, mountpoint=mnt)
 
 
 def store_keys(server, bucket: str, prefix: str = "") -> set[str]:
@@ -321,11 +332,7 @@ def test_daemon_killed_with_unflushed_file_then_remount_serves_journal(s3_server
                                                                        s3_mount, tmp_path):
     mnt = s3_mount("--writeback-delay", "3600")
     (mnt / "keep.txt").write_bytes(b"acknowledged by close")
-    pid = int(os.getxattr(mnt, "user.avafs.pid"))
-    os.kill(pid, 9)
-    wait_for_exit(pid, 30)
-    unmount(mnt)
-    mnt = s3_mount("--writeback-delay", "3600", mountpoint=mnt)
+    mnt = crash_and_remount(s3_mount, mnt, "--writeback-delay", "3600")
     assert (mnt / "keep.txt").read_bytes() == b"acknowledged by close"
     assert Client(mnt).status()["dirty"]["files"] == 1
     Client(mnt).flush()
@@ -347,12 +354,8 @@ def test_writes_after_an_fsync_are_committed_by_close_and_survive_a_crash(s3_ser
         file.write(b"synced, then closed unchanged")
         file.flush()
         os.fsync(file.fileno())
-    pid = int(os.getxattr(mnt, "user.avafs.pid"))
-    os.kill(pid, 9)
-    wait_for_exit(pid, 30)
-    unmount(mnt)
 
-    mnt = s3_mount("--writeback-delay", "3600", mountpoint=mnt)
+    mnt = crash_and_remount(s3_mount, mnt, "--writeback-delay", "3600")
     assert (mnt / "log.txt").read_bytes() == b"before the fsync, after it"
     assert (mnt / "synced.txt").read_bytes() == b"synced, then closed unchanged"
     Client(mnt).flush()
