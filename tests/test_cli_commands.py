@@ -11,6 +11,7 @@ import struct
 import subprocess
 import sys
 import termios
+from collections.abc import Iterator
 
 import pyte
 import pytest
@@ -92,7 +93,17 @@ def test_flush_of_a_path_with_a_timeout(s3_server, bucket, s3_mount, proxy):
     assert "b/other" in keys
 
 
-def test_status_watch_repeats_until_interrupted(local_bucket, mount):
+@pytest.fixture
+def interruptible() -> Iterator[None]:
+    """Children started meanwhile take SIGINT as a terminal's foreground command does, even
+    when the suite itself was started with SIGINT ignored (a background job of a
+    non-interactive shell), which every child would inherit across exec."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_status_watch_repeats_until_interrupted(local_bucket, mount, interruptible):
     mnt = mount(local_bucket.as_uri())
     watch = subprocess.Popen(AVAFS + ["status", "--watch", "0.1", str(mnt)],
                              stdout=subprocess.PIPE, text=True)
