@@ -47,6 +47,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 _KERNEL_TIMEOUT_CAP = 365 * 86400.0
 _XATTR_PREFIX = b"user.avafs."
+BUILT_ATTRIBUTES_KEPT = 65_536
+"""Inodes whose built attributes are kept (about 300 bytes each); past it they are all
+dropped and built again, so a walk of a larger tree costs what it did without them."""
+_NO_ATTRS = Attrs()
+"""What a file whose object names no mode or owner shows: the mount's defaults."""
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 
 
@@ -106,6 +111,12 @@ class AvafsOperations(pyfuse3.Operations):
         self._orphans: dict[int, Pending] = {}
         """Inodes deleted or renamed over while open: the state their handles keep."""
         self._dirs: dict[int, OpenDirectory] = {}
+        self._built: dict[int, tuple[ObjectInfo | None, pyfuse3.EntryAttributes]] = {}
+        """The attributes last built for an inode with nothing pending, and the metadata they
+        were built from: a walk asks for the attributes of every entry at every readdir, and
+        building them is most of what answering an entry costs. Reused while the metadata is
+        the same object (a listing fetched again, or a file's attributes read, makes a new
+        one); dropped when the kernel forgets the inode."""
         self._next_fh = 0
         self._limiter = trio.CapacityLimiter(64)
         self._timeout = min(options.effective_metadata_ttl, _KERNEL_TIMEOUT_CAP)
@@ -135,12 +146,19 @@ class AvafsOperations(pyfuse3.Operations):
         listing) are given with no attribute timeout, so a stat comes back for them. A file
         deleted while open shows its local state, with no link left."""
         orphan = self._orphans.get(node.inode)
-        state = orphan or (self.writeback.get(node.source, node.key) if self.writeback else None)
-        info = self.writeback.info(orphan) if orphan else self.namespace.current_info(node)
-        kept = (info.attrs if info is not None else None) or Attrs()
+        if orphan is not None:
+            state: Pending | None = orphan
+            info: ObjectInfo | None = self.writeback.info(orphan)
+        else:
+            state = self.writeback.get(node.source, node.key) if self.writeback else None
+            info = self.namespace.info_with(node, state)
+        if state is None:
+            built = self._built.get(node.inode)
+            if built is not None and built[0] is info:
+                return built[1]
+        kept = (info.attrs if info is not None else None) or _NO_ATTRS
         attrs = pyfuse3.EntryAttributes()
         attrs.st_ino = node.inode
-        attrs.generation = 0
         attrs.entry_timeout = self._timeout
         attrs.attr_timeout = 0 if self._undescribed(info) else self._timeout
         attrs.st_uid = self._uid if kept.uid is None else kept.uid
@@ -149,19 +167,22 @@ class AvafsOperations(pyfuse3.Operations):
         if info is None:
             attrs.st_mode = stat.S_IFDIR | self.options.dir_mode
             attrs.st_nlink = 1
-            attrs.st_size = 0
             mtime_ns = self._started_ns
         else:
             attrs.st_mode = stat.S_IFREG | (self.options.file_mode if kept.mode is None
                                             else kept.mode)
             attrs.st_nlink = 0 if orphan else 1
             attrs.st_size = info.size
+            if state is not None and state.allocated is not None:
+                attrs.st_blocks = state.allocated // 512  # a sparse file written here
+            else:
+                attrs.st_blocks = -(-info.size // 512)
             mtime_ns = int(info.mtime * 1e9)
-        if state is not None and state.allocated is not None:
-            attrs.st_blocks = state.allocated // 512  # a sparse file written here
-        else:
-            attrs.st_blocks = -(-attrs.st_size // 512)
         attrs.st_atime_ns = attrs.st_mtime_ns = attrs.st_ctime_ns = mtime_ns
+        if state is None:
+            if len(self._built) >= BUILT_ATTRIBUTES_KEPT:
+                self._built.clear()
+            self._built[node.inode] = (info, attrs)
         return attrs
 
     def _undescribed(self, info: ObjectInfo | None) -> bool:
@@ -211,7 +232,11 @@ class AvafsOperations(pyfuse3.Operations):
 
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
         for inode, count in inode_list:
-            self.namespace.forget(inode, count)
+            self._forget(inode, count)
+
+    def _forget(self, inode: int, count: int) -> None:
+        if self.namespace.forget(inode, count):
+            self._built.pop(inode, None)
 
     async def statfs(self, ctx=None) -> pyfuse3.StatvfsData:
         space = self.stack.space(self.writeback.dirty_bytes if self.writeback else 0)
@@ -253,12 +278,12 @@ class AvafsOperations(pyfuse3.Operations):
                 listing = await self._blocking(self.namespace.listing, directory.source,
                                                directory.key)
             handle.entries = listing.ordered
+        child, attributes, reply = self.namespace.child, self._attributes, pyfuse3.readdir_reply
         for position in range(start_id, len(handle.entries)):
             entry = handle.entries[position]
-            node = self.namespace.child(directory, entry)
-            if not pyfuse3.readdir_reply(token, os.fsencode(entry.name), self._attributes(node),
-                                         position + 1):
-                self.namespace.forget(node.inode, 1)
+            node = child(directory, entry)
+            if not reply(token, os.fsencode(entry.name), attributes(node), position + 1):
+                self._forget(node.inode, 1)
                 break
 
     async def releasedir(self, fh: int) -> None:

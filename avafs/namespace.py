@@ -212,9 +212,10 @@ class Namespace:
         with self._lock:
             inode = self._children.get((parent.inode, entry.name))
             node = self._nodes.get(inode) if inode else None
-            if node is None or node.is_dir != entry.is_dir:
+            if node is None or (node.info is None) != (entry.info is None):
                 node = self._new_node(parent, entry)
-            elif entry.info is not None and node.info != entry.info:
+            elif entry.info is not None and node.info is not entry.info and \
+                    node.info != entry.info:
                 node.info = _richer(entry.info, node.info)
             node.checked_at = self._clock()
             node.lookups += 1
@@ -244,16 +245,20 @@ class Namespace:
             if self._children.get((node.parent, node.name)) == node.inode:
                 del self._children[(node.parent, node.name)]
 
-    def forget(self, inode: int, count: int) -> None:
+    def forget(self, inode: int, count: int) -> bool:
+        """Takes back `count` kernel lookups; whether the inode is gone now (inode numbers are
+        never reused, so whatever a caller keeps per inode can go with it)."""
         with self._lock:
             node = self._nodes.get(inode)
             if node is None or inode == ROOT_INODE:
-                return
+                return node is None
             node.lookups -= count
             if node.lookups <= 0:
                 del self._nodes[inode]
                 if self._children.get((node.parent, node.name)) == inode:
                     del self._children[(node.parent, node.name)]
+                return True
+            return False
 
     def is_fresh(self, checked_at: float) -> bool:
         return self._clock() - checked_at < self.ttl
@@ -461,12 +466,17 @@ class Namespace:
     def current_info(self, node: Node) -> ObjectInfo | None:
         """A file's metadata as the mount shows it now: its pending write, else the latest
         listing (updated when an upload settles), else what the node was created with."""
+        if node.info is None or self.writeback is None:
+            return self.info_with(node, None)
+        return self.info_with(node, self.writeback.get(node.source, node.key))
+
+    def info_with(self, node: Node, pending: Pending | None) -> ObjectInfo | None:
+        """`current_info` for a caller that has looked up the file's write-back state
+        (`pending`) itself, as the attributes of every entry of every readdir do."""
         if node.info is None:
             return None
-        if self.writeback is not None:
-            state = self.writeback.get(node.source, node.key)
-            if state is not None and state.kind != DELETED:
-                return self.writeback.info(state)
+        if pending is not None and pending.kind != DELETED:
+            return self.writeback.info(pending)
         listing = self._listings.get((node.source, parent_prefix(node.key)))
         if listing is not None:
             entry = listing.entries.get(node.name)

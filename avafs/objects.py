@@ -57,8 +57,7 @@ class ObjectRef:
 
 
 def parent_prefix(key: str) -> str:
-    stripped = key[:-1] if key.endswith("/") else key
-    return stripped.rpartition("/")[0] + "/" if "/" in stripped else ""
+    return key[:key.rfind("/", 0, len(key) - 1) + 1]
 
 
 def allocated(size: int) -> int:

@@ -187,6 +187,28 @@ def test_changed_etag_is_reread(source, mount):
     assert (mnt / "model.txt").read_bytes() == b"version two, longer"
 
 
+def test_a_walk_shows_what_the_store_has_once_the_listing_is_fetched_again(source, mount):
+    """Attributes built for one readdir are reused by the next ones, until the listing that
+    described the file is fetched again."""
+    for name in ("a.bin", "b.bin"):
+        source.put(f"d/{name}", b"x" * 10)
+    mnt = mount(source.url, *source.mount_args, "--metadata-ttl", "1")
+
+    def sizes() -> dict[str, int]:
+        return {entry.name: entry.stat().st_size for entry in os.scandir(mnt / "d")}
+
+    assert sizes() == sizes() == {"a.bin": 10, "b.bin": 10}
+    source.put("d/a.bin", b"y" * 30)
+    if source.local_root is not None:
+        os.utime(source.local_root / "d" / "a.bin", ns=(1, 1))
+    deadline = time.monotonic() + 10
+    while sizes()["a.bin"] != 30:
+        assert time.monotonic() < deadline, "the new size never showed"
+        time.sleep(0.2)
+    assert sizes() == {"a.bin": 30, "b.bin": 10}
+    assert (mnt / "d" / "a.bin").read_bytes() == b"y" * 30
+
+
 def test_immutable_mount_never_revalidates(s3_server, bucket, mount):
     client = s3_server.client()
     client.put_object(Bucket=bucket, Key="frozen.txt", Body=b"same")
