@@ -15,6 +15,7 @@ for; a background sweep at start removes them, sparing the blocks the mount writ
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -47,7 +48,7 @@ _CHECKSUMS = {CRC32: zlib.crc32, CRC32C: google_crc32c.value}
 BLOCKS_DIR = "blocks"
 
 
-def _read_at_most(path: Path, size: int) -> bytes | None:
+def _read_at_most(path: str, size: int) -> bytes | None:
     """Up to `size` bytes of the file, None if it is gone: one open and one read, which the
     FUSE loop runs for every small block after a remount (`Path.read_bytes` stats the file
     and reads it through a buffered file object: several times the Python work). Asking for
@@ -77,6 +78,7 @@ class DiskTier(TierAccounting):
         (`frequency.py`, which counts a block's reads once per `recount_after` seconds of
         `clock`)."""
         self.root = root
+        self._root = str(root)
         self._blocks_dir = root / BLOCKS_DIR
         self._tmp_dir = root / "tmp"
         shutil.rmtree(self._tmp_dir, ignore_errors=True)
@@ -159,8 +161,10 @@ class DiskTier(TierAccounting):
     def __contains__(self, block: BlockId) -> bool:
         return block in self._records
 
-    def _path(self, block: BlockId) -> Path:
-        return self.root / _relative_path(block)
+    def _path(self, block: BlockId) -> str:
+        """The block's file, as a string: pathlib's joins cost more than the open and read
+        of a small block that the FUSE loop makes after a remount."""
+        return f"{self._root}/{_relative_path(block)}"
 
     def get(self, block: BlockId) -> bytes | None:
         with self._lock:
@@ -200,6 +204,7 @@ class DiskTier(TierAccounting):
         (demoted from RAM), which the policy must not count as read again."""
         size = allocated(len(data))
         path = self._path(block)
+        directory, _, name = path.rpartition("/")
         with self._lock:
             if (block in self._records or not self._lru.fits(size)
                     or not self._lru.admits(block, size, read)):
@@ -210,16 +215,18 @@ class DiskTier(TierAccounting):
             self._lru.add(block, size)
             self._lru.pin(block)
             if self._written_while_sweeping is not None:
-                self._written_while_sweeping.add(path.name)
+                self._written_while_sweeping.add(name)
         self._unlink(victims)
-        tmp = self._tmp_dir / f"{path.name}.{threading.get_ident()}"
+        tmp = f"{self._tmp_dir}/{name}.{threading.get_ident()}"
         try:
             self._writer.write(tmp, data)
-            path.parent.mkdir(exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(directory)
             os.replace(tmp, path)
         except OSError as error:
             log.error("disk tier: cannot write block of %s: %s", block.key, error)
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
             with self._lock:
                 self._lru.discard(block)
             return
@@ -263,7 +270,8 @@ class DiskTier(TierAccounting):
 
     def _unlink(self, victims: list[BlockId]) -> None:
         for victim in victims:
-            self._path(victim).unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._path(victim))
 
     def close(self) -> None:
         """Record the LRU order and read counts, so the next mount evicts the same cold blocks
