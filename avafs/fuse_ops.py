@@ -47,9 +47,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 _KERNEL_TIMEOUT_CAP = 365 * 86400.0
 _XATTR_PREFIX = b"user.avafs."
-BUILT_ATTRIBUTES_KEPT = 65_536
-"""Inodes whose built attributes are kept (about 300 bytes each); past it they are all
-dropped and built again, so a walk of a larger tree costs what it did without them."""
 _NO_ATTRS = Attrs()
 """What a file whose object names no mode or owner shows: the mount's defaults."""
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
@@ -116,7 +113,8 @@ class AvafsOperations(pyfuse3.Operations):
         were built from: a walk asks for the attributes of every entry at every readdir, and
         building them is most of what answering an entry costs. Reused while the metadata is
         the same object (a listing fetched again, or a file's attributes read, makes a new
-        one); dropped when the kernel forgets the inode."""
+        one); dropped with the node when the kernel forgets the inode, so, like the nodes, they
+        are bounded by the kernel's inode cache (about 280 bytes each)."""
         self._next_fh = 0
         self._limiter = trio.CapacityLimiter(64)
         self._timeout = min(options.effective_metadata_ttl, _KERNEL_TIMEOUT_CAP)
@@ -180,8 +178,6 @@ class AvafsOperations(pyfuse3.Operations):
             mtime_ns = int(info.mtime * 1e9)
         attrs.st_atime_ns = attrs.st_mtime_ns = attrs.st_ctime_ns = mtime_ns
         if state is None:
-            if len(self._built) >= BUILT_ATTRIBUTES_KEPT:
-                self._built.clear()
             self._built[node.inode] = (info, attrs)
         return attrs
 
