@@ -77,9 +77,7 @@ class BlockFileWriter:
             return self._refused(error)
         try:
             with memoryview(buffer) as whole, whole[:padded] as view:
-                done = 0
-                while done < padded:
-                    done += os.write(fd, view[done:])
+                _write_all(fd, view)
             if padded != len(data):
                 os.ftruncate(fd, len(data))
         except OSError as error:
@@ -106,11 +104,16 @@ def _write_buffered(path: str, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
         with memoryview(data) as view:
-            done = 0
-            while done < len(data):
-                done += os.write(fd, view[done:])
+            _write_all(fd, view)
     finally:
         os.close(fd)
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    """`os.write` until the whole view is written (a write may take only part of it)."""
+    done = 0
+    while done < len(view):
+        done += os.write(fd, view[done:])
 
 
 def _aligned(size: int) -> int:
