@@ -138,18 +138,19 @@ class AvafsOperations(pyfuse3.Operations):
 
     # --- attributes ------------------------------------------------------------------------
 
-    def _attributes(self, node: Node) -> pyfuse3.EntryAttributes:
+    def _attributes(self, node: Node, listed_in: str | None = None) -> pyfuse3.EntryAttributes:
         """A file's mode and owner are its object's where it names them, else the mount's
         defaults. Attributes not read from the object yet (a readdir answers from the
         listing) are given with no attribute timeout, so a stat comes back for them. A file
-        deleted while open shows its local state, with no link left."""
+        deleted while open shows its local state, with no link left. `listed_in`: the prefix
+        of the listing that named the node, where the caller knows it (a readdir)."""
         orphan = self._orphans.get(node.inode)
         if orphan is not None:
             state: Pending | None = orphan
             info: ObjectInfo | None = self.writeback.info(orphan)
         else:
             state = self.writeback.get(node.source, node.key) if self.writeback else None
-            info = self.namespace.info_with(node, state)
+            info = self.namespace.info_with(node, state, listed_in)
         if state is None:
             built = self._built.get(node.inode)
             if built is not None and built[0] is info:
@@ -278,7 +279,8 @@ class AvafsOperations(pyfuse3.Operations):
         for position in range(start_id, len(handle.entries)):
             entry = handle.entries[position]
             node = child(directory, entry)
-            if not reply(token, os.fsencode(entry.name), attributes(node), position + 1):
+            if not reply(token, os.fsencode(entry.name), attributes(node, directory.key),
+                         position + 1):
                 self._forget(node.inode, 1)
                 break
 

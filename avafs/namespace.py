@@ -470,14 +470,18 @@ class Namespace:
             return self.info_with(node, None)
         return self.info_with(node, self.writeback.get(node.source, node.key))
 
-    def info_with(self, node: Node, pending: Pending | None) -> ObjectInfo | None:
+    def info_with(self, node: Node, pending: Pending | None,
+                  listed_in: str | None = None) -> ObjectInfo | None:
         """`current_info` for a caller that has looked up the file's write-back state
-        (`pending`) itself, as the attributes of every entry of every readdir do."""
+        (`pending`) itself, as the attributes of every entry of every readdir do; a readdir
+        also knows the prefix of the listing that named the file (`listed_in`), which spares
+        deriving it from the key for each entry. A wrong one only misses the listing."""
         if node.info is None:
             return None
         if pending is not None and pending.kind != DELETED:
             return self.writeback.info(pending)
-        listing = self._listings.get((node.source, parent_prefix(node.key)))
+        prefix = parent_prefix(node.key) if listed_in is None else listed_in
+        listing = self._listings.get((node.source, prefix))
         if listing is not None:
             entry = listing.entries.get(node.name)
             if entry is not None and entry.info is not None and entry.info.key == node.key:
