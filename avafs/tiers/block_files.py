@@ -15,13 +15,13 @@ FUSE loop. File systems that refuse O_DIRECT (tmpfs before Linux
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import mmap
 import os
 import queue
 import threading
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,7 @@ class BlockFileWriter:
                 os.ftruncate(fd, len(data))
         except OSError as error:
             os.close(fd)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+            Path(path).unlink(missing_ok=True)
             return self._refused(error)
         os.close(fd)
         return True

@@ -225,8 +225,7 @@ class DiskTier(TierAccounting):
             os.replace(tmp, path)
         except OSError as error:
             log.error("disk tier: cannot write block of %s: %s", block.key, error)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+            Path(tmp).unlink(missing_ok=True)
             with self._lock:
                 self._lru.discard(block)
             return
