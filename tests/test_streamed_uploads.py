@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import time
 
+import pytest
 from sample_data import payload, sha256
 from support import unmount
 from test_write_path import store_bytes
@@ -101,6 +103,60 @@ def test_parts_reach_the_store_while_the_file_is_still_open(s3_server, bucket, s
     assert head["ContentLength"] == len(data)
     assert uploads_in_progress(s3_server, bucket) == []
     assert sha256((mnt / "ckpt.pt").read_bytes()) == sha256(data)
+
+
+def copies_made(mnt) -> int:
+    return Client(mnt).status()["store_requests"].get("copy", 0)
+
+
+def test_a_streamed_file_goes_up_with_its_mode_and_no_copy(s3_server, bucket, s3_mount):
+    """Its upload starts with the file's mode; with no final mtime known while it is written,
+    the object shows its upload time, and no copy onto itself sends every byte again."""
+    mnt = s3_mount()
+    data = payload(8, 70 * MiB)
+    started = time.time()
+    with os.fdopen(os.open(mnt / "ckpt.pt", os.O_CREAT | os.O_WRONLY, 0o640), "wb") as file:
+        write(file, data)
+    Client(mnt).flush()
+    head = s3_server.client().head_object(Bucket=bucket, Key="ckpt.pt")
+    assert head["Metadata"] == {"mode": str(stat.S_IFREG | 0o640)}
+    assert head["ETag"].strip('"').endswith("-9")
+    assert copies_made(mnt) == 0
+    shown = os.stat(mnt / "ckpt.pt")
+    assert stat.S_IMODE(shown.st_mode) == 0o640
+    assert started - 2 <= shown.st_mtime <= time.time() + 2
+
+
+def test_a_streamed_file_whose_mtime_is_set_before_close_gets_it_in_the_store(
+        s3_server, bucket, s3_mount):
+    mnt = s3_mount()
+    with open(mnt / "ckpt.pt", "wb") as file:
+        write(file, payload(9, 70 * MiB))
+        os.utime(file.fileno(), (1_600_000_000.5, 1_600_000_000.5))
+    Client(mnt).flush()
+    head = s3_server.client().head_object(Bucket=bucket, Key="ckpt.pt")
+    assert float(head["Metadata"]["mtime"]) == 1_600_000_000.5
+    assert copies_made(mnt) == 1
+    assert os.stat(mnt / "ckpt.pt").st_mtime == 1_600_000_000.5
+
+
+def test_a_file_sent_in_parts_after_close_carries_its_mtime(s3_server, bucket, s3_mount):
+    """Written out of order it does not stream; after its close its parts go up with the
+    exact mtime and mode, and no copy follows."""
+    mnt = s3_mount()
+    data = payload(10, 66 * MiB)
+    with open(mnt / "shuffled.bin", "wb") as file:
+        file.seek(MiB)
+        write(file, data[MiB:])
+        file.seek(0)
+        file.write(data[:MiB])
+    written = os.stat(mnt / "shuffled.bin").st_mtime
+    Client(mnt).flush()
+    head = s3_server.client().head_object(Bucket=bucket, Key="shuffled.bin")
+    assert float(head["Metadata"]["mtime"]) == pytest.approx(written, abs=1e-6)
+    assert head["ETag"].strip('"').endswith("-9")
+    assert copies_made(mnt) == 0
+    assert sha256(store_bytes(s3_server, bucket, "shuffled.bin")) == sha256(data)
 
 
 def test_a_write_below_the_streamed_parts_uploads_the_file_whole(s3_server, bucket, s3_mount):

@@ -61,8 +61,10 @@ class MultipartUploads(ABC):
     the last holds at least 5 MiB."""
 
     @abstractmethod
-    def start_upload(self, key: str) -> str:
-        """Begin an upload of `key`; its upload id."""
+    def start_upload(self, key: str, mtime: float | None = None,
+                     attrs: Attrs | None = None) -> str:
+        """Begin an upload of `key` whose object will carry `mtime` and `attrs` (None: no
+        metadata; an mtime of None alone: the upload time stands for it); its upload id."""
 
     @abstractmethod
     def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> Part:

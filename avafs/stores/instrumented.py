@@ -81,8 +81,9 @@ class InstrumentedStore(ObjectStore, MultipartUploads):
     def multipart(self) -> MultipartUploads | None:
         return self if self._parts is not None else None
 
-    def start_upload(self, key: str) -> str:
-        return self._timed("start_upload", lambda: self._parts.start_upload(key))
+    def start_upload(self, key: str, mtime: float | None = None,
+                     attrs: Attrs | None = None) -> str:
+        return self._timed("start_upload", lambda: self._parts.start_upload(key, mtime, attrs))
 
     def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> Part:
         return self._timed("upload_part",

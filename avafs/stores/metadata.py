@@ -28,10 +28,13 @@ class Attrs:
     gid: int | None = None
 
 
-def encode(mtime: float, attrs: Attrs) -> dict[str, str]:
-    """User metadata (without the `x-amz-meta-` prefix) for a file with these attributes."""
-    nanoseconds = round(mtime * 1e9)
-    metadata = {MTIME: f"{nanoseconds // 10**9}.{nanoseconds % 10**9:09d}"}
+def encode(mtime: float | None, attrs: Attrs) -> dict[str, str]:
+    """User metadata (without the `x-amz-meta-` prefix) for a file with these attributes;
+    without an mtime (None) the object's upload time stands for it."""
+    metadata: dict[str, str] = {}
+    if mtime is not None:
+        nanoseconds = round(mtime * 1e9)
+        metadata[MTIME] = f"{nanoseconds // 10**9}.{nanoseconds % 10**9:09d}"
     if attrs.mode is not None:
         metadata[MODE] = str(stat.S_IFREG | attrs.mode)
     if attrs.uid is not None:

@@ -24,6 +24,7 @@ import threading
 from pathlib import Path
 
 from ..stores.base import MultipartUploads
+from ..stores.metadata import Attrs
 from .cluster_queue import ClusterQueue
 from .journal import Journal
 from .pending import Pending, Stream
@@ -53,6 +54,10 @@ class ClusterStreams(StreamUploads):
             return None
         return CLUSTER_SOURCE, self._queue.new_staging_object(), uploads
 
+    def _metadata(self, entry: Pending, committed: bool) -> tuple[float | None, Attrs | None]:
+        """None: a staging object's attributes are in its record in the queue."""
+        return None, None
+
     def _stream_of(self, entry: Pending) -> Stream | None:
         return entry.cluster_stream
 
@@ -68,9 +73,9 @@ class ClusterStreams(StreamUploads):
         if stream is None:
             return None
         try:
-            info = self.finish(entry, generation)
+            completed = self.finish(entry, generation)
         except Exception as error:  # noqa: BLE001 - any failure: the stage PUTs it whole
             log.info("cluster writes: the staging upload of %s failed (%s); staging it whole",
                      entry.key, error)
             return None
-        return None if info is None else stream.key
+        return None if completed is None else stream.key

@@ -377,7 +377,7 @@ class WriteBack:
             entry.generation += 1
             entry.durable = entry.staged_data_current = False
             entry.set_aside = None  # new content: the store gets a new chance
-            entry.mtime = time.time()
+            entry.mtime, entry.mtime_set = time.time(), False
             self._touch(entry)
             if start > entry.size and entry.allocated is None:
                 entry.allocated = allocated(entry.size)  # a hole: `measure` counts the file
@@ -409,7 +409,7 @@ class WriteBack:
             entry.generation += 1
             entry.durable = entry.staged_data_current = False
             entry.set_aside = None
-            entry.mtime = time.time()
+            entry.mtime, entry.mtime_set = time.time(), False
             self._touch(entry)
             if size > entry.size and entry.allocated is None:
                 entry.allocated = allocated(entry.size)  # a hole: `measure` counts the file
@@ -492,6 +492,7 @@ class WriteBack:
                                       attrs=attrs, copy_from=key, copy_etag=clean.etag)]
                 self._replace(changes)
             else:
+                current.mtime_set = current.mtime_set or mtime != current.mtime
                 current.mtime, current.attrs = mtime, attrs
                 current.generation += 1
                 self._touch(current)

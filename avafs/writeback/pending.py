@@ -25,7 +25,7 @@ class Stream:
     """One file's multipart upload in progress."""
 
     def __init__(self, uploads: MultipartUploads, source: str, key: str, fd: int,
-                 created: Future[str]) -> None:
+                 created: Future[str], mtime: float | None, attrs: Attrs | None) -> None:
         self.uploads = uploads
         self.source = source
         self.key = key
@@ -33,6 +33,9 @@ class Stream:
         """The data file, read by parts: open, it outlives an unlink or a rename of the file."""
         self.created = created
         """The upload id, once the store answered."""
+        self.mtime = mtime
+        self.attrs = attrs
+        """What the upload's object carries (see `MultipartUploads.start_upload`)."""
         self.sent = 0
         """Bytes handed to parts: a write below this cancels the stream."""
         self.parts: list[Future[Part]] = []
@@ -71,6 +74,9 @@ class Pending:
     """The (source, key) the upload in flight writes: a rename may move the entry meanwhile."""
     awaited: bool = False
     """A close() waits for this upload (--writeback sync): upload it though still open."""
+    mtime_set: bool = False
+    """The mtime was set (utime, touch) since the last write: a stream begun while the file
+    was written carries no mtime, and then needs the copy that sets it."""
     appended_to: int | None = None
     """Where the writes so far end, while they came front to back (each starting at or before
     the end of the previous ones); None once one skipped ahead or a stream was cancelled."""

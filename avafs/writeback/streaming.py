@@ -16,6 +16,13 @@ that every multipart upload of a mount goes through here, journaled before its f
 committed file of STREAM_FROM bytes or more that did not stream while written (written out of
 order, replayed after a remount) is sent in parts here too (`upload_in_parts`), not by the
 store's own managed upload, whose id no journal knows.
+
+What the object carries: its upload is started with the file's mode and owner, and, for a
+committed file sent in parts after its close, its mtime; a file streamed while written has no
+final mtime yet, so its object shows the upload's completion time instead. Only where the
+attributes changed after the upload began, or the mtime was set (utime, touch), does the
+uploader copy the object onto itself with them: the copy is a second pass over every byte in
+the store, as long as the upload itself on some stores.
 """
 
 from __future__ import annotations
@@ -27,10 +34,13 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 from ..errors import StoreError
 from ..stores.base import MultipartUploads, ObjectInfo, ObjectStore, Part
+from ..stores.metadata import Attrs
 from .journal import Journal
 from .pending import DATA, Pending, Stream
 
@@ -52,6 +62,14 @@ def part_size(number: int) -> int:
     """Parts double in size every 1000: 8 MiB parts up to 8 GiB, and S3's 10,000 parts
     reach past its 5 TiB object limit though the final size is unknown while writing."""
     return PART_SIZE << ((number - 1) // 1000)
+
+
+class Completed(NamedTuple):
+    """A finished upload: the object as it now is, and whether it carries the mtime and
+    attributes its file has (else a copy onto itself must set them)."""
+
+    info: ObjectInfo
+    carries_attributes: bool
 
 
 class StreamCancelled(Exception):
@@ -147,25 +165,28 @@ class StreamUploads:
             if target is None:
                 return
             try:
-                stream = self._open_stream(entry, target)
+                stream = self._open_stream(entry, target, committed=False)
             except OSError as error:  # the write itself succeeded: upload the file whole later
                 log.warning("cannot stream %s while it is written: %s", entry.key, error)
                 entry.appended_to = None
                 return
         self._send(stream, entry.appended_to, last=False)
 
-    def _open_stream(self, entry: Pending, target: tuple[str, str, MultipartUploads]) -> Stream:
+    def _open_stream(self, entry: Pending, target: tuple[str, str, MultipartUploads],
+                     committed: bool) -> Stream:
         """A new stream of `entry`'s data file to `target`, its upload starting in the pool
         (called with the lock held). Raises OSError if the data file cannot be opened."""
         fd = os.open(self._data_dir / entry.file, os.O_RDONLY)
         source, key, uploads = target
+        mtime, attrs = self._metadata(entry, committed)
         stream = Stream(uploads, source, key, fd,
-                        self._pool.submit(self._start, uploads, source, key))
+                        self._pool.submit(self._start, uploads, source, key, mtime, attrs),
+                        mtime, attrs)
         self._set_stream(entry, stream)
         self._active.add(stream)
         return stream
 
-    def upload_in_parts(self, entry: Pending, generation: int) -> ObjectInfo | None:
+    def upload_in_parts(self, entry: Pending, generation: int) -> Completed | None:
         """Upload a committed file that has no stream, part by part with its upload
         journaled (in an uploader thread); None where it is too small for parts or the store
         has none, so the caller puts it whole. A write while the parts go up ends the stream
@@ -177,7 +198,7 @@ class StreamUploads:
             target = self._target(entry)
             if target is None:
                 return None
-            self._open_stream(entry, target)
+            self._open_stream(entry, target, committed=True)
             entry.appended_to = None  # a later write ends this stream, it never extends it
         return self.finish(entry, generation)
 
@@ -208,10 +229,16 @@ class StreamUploads:
         finally:
             self._journal.intent_ended(source, key, intended_at)
 
-    def _start(self, uploads: MultipartUploads, source: str, key: str) -> str:
+    def _metadata(self, entry: Pending, committed: bool) -> tuple[float | None, Attrs | None]:
+        """The (mtime, attributes) a new upload of `entry` starts with (called with the lock
+        held): the mtime only once the file is committed, as later writes would change it."""
+        return entry.mtime if committed else None, entry.attrs or Attrs()
+
+    def _start(self, uploads: MultipartUploads, source: str, key: str, mtime: float | None,
+               attrs: Attrs | None) -> str:
         """The intent is on disk before the store is asked; the id replaces it once given."""
         intended_at = self._intend(uploads, source, key)
-        upload_id = uploads.start_upload(key)
+        upload_id = uploads.start_upload(key, mtime, attrs)
         self._journal.upload_started(source, key, upload_id, intended_at)
         return upload_id
 
@@ -279,7 +306,7 @@ class StreamUploads:
         with self._lock:
             self._active.discard(stream)
 
-    def finish(self, entry: Pending, generation: int) -> ObjectInfo | None:
+    def finish(self, entry: Pending, generation: int) -> Completed | None:
         """Send the rest of the file and complete its upload (in an uploader thread, once the
         file was committed: closed, or fsync'ed under --writeback sync); None if `entry` has no
         stream that can complete, so the caller uploads the file whole. Raises StoreError if
@@ -308,13 +335,18 @@ class StreamUploads:
                 self._give_up(entry, stream)
                 return None
             self._set_stream(entry, None)
+            carries = stream.attrs == (entry.attrs or Attrs()) and (
+                not entry.mtime_set if stream.mtime is None else stream.mtime == entry.mtime)
         try:
             info = stream.uploads.complete_upload(stream.key, upload_id, parts, size)
         except Exception:
             self._give_up(entry, stream)
             raise
         self._close(stream, upload_id)
-        return info
+        if stream.attrs is not None:
+            info = replace(info, attrs=stream.attrs,
+                           mtime=info.mtime if stream.mtime is None else stream.mtime)
+        return Completed(info, carries)
 
     def _give_up(self, entry: Pending, stream: Stream) -> None:
         """The stream will not complete: abort it; the file goes up whole instead."""

@@ -94,12 +94,16 @@ class Uploader:
                                   None if entry.attrs is None else entry.mtime, entry.attrs)
         assert entry.kind == DATA
         attrs = entry.attrs or Attrs()
-        info = self.streams.finish(entry, generation) if entry.stream is not None else None
-        if info is None:
-            info = self.streams.upload_in_parts(entry, generation)
-        if info is not None:  # parts carry no metadata: the attributes follow in a copy
+        completed = self.streams.finish(entry, generation) if entry.stream is not None \
+            else None
+        if completed is None:
+            completed = self.streams.upload_in_parts(entry, generation)
+        if completed is not None:
+            if completed.carries_attributes:
+                return completed.info
+            # Changed since the upload began: the object is copied onto itself with them.
             with self.streams.intent(store, entry.source, entry.key, entry.size):
-                return store.copy(entry.key, entry.key, info.etag, entry.mtime, attrs)
+                return store.copy(entry.key, entry.key, completed.info.etag, entry.mtime, attrs)
         if entry.size >= STREAM_FROM and store.multipart() is not None:
             # Only journaled parts may carry a file this large (a managed upload's id is
             # known to no journal); it changed while they went up.

@@ -386,10 +386,14 @@ class S3Store(ObjectStore, MultipartUploads):
             return {"ChecksumAlgorithm": "CRC32"}
         return {}
 
-    def start_upload(self, key: str) -> str:
+    def start_upload(self, key: str, mtime: float | None = None,
+                     attrs: Attrs | None = None) -> str:
+        extra: dict[str, object] = {**self._checksum()}
+        if attrs is not None:
+            extra["Metadata"] = metadata.encode(mtime, attrs)
         with self._store_errors(f"multipart upload of {key!r}"):
             return self._client.create_multipart_upload(
-                Bucket=self.bucket, Key=self.prefix + key, **self._checksum())["UploadId"]
+                Bucket=self.bucket, Key=self.prefix + key, **extra)["UploadId"]
 
     def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> Part:
         with self._store_errors(f"part {number} of {key!r}"):
