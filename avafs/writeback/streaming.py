@@ -22,7 +22,7 @@ committed file sent in parts after its close, its mtime; a file streamed while w
 final mtime yet, so its object shows the upload's completion time instead. Only where the
 attributes changed after the upload began, or the mtime was set (utime, touch), does the
 uploader copy the object onto itself with them: the copy is a second pass over every byte in
-the store, as long as the upload itself on some stores.
+the store, which on some stores takes as long as the upload did.
 """
 
 from __future__ import annotations

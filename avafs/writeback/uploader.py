@@ -101,7 +101,8 @@ class Uploader:
         if completed is not None:
             if completed.carries_attributes:
                 return completed.info
-            # Changed since the upload began: the object is copied onto itself with them.
+            # Its attributes changed after the upload began, or its mtime was set: the
+            # object is copied onto itself with them.
             with self.streams.intent(store, entry.source, entry.key, entry.size):
                 return store.copy(entry.key, entry.key, completed.info.etag, entry.mtime, attrs)
         if entry.size >= STREAM_FROM and store.multipart() is not None:
