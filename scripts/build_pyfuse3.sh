@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Builds pyfuse3 3.5.0 with third_party/pyfuse3/avafs.patch (FileInfo.noflush) as a wheel,
+# versioned 3.5.0+avafs1 so that pip prefers it to PyPI's 3.5.0 when both are offered.
+#
+#   scripts/build_pyfuse3.sh install      # build it and install it (skipped if installed)
+#   scripts/build_pyfuse3.sh wheel DIR    # build the wheel into DIR (the CSI image)
+#
+# Needs gcc, pkg-config and libfuse3-dev; Cython and setuptools_scm are installed for the
+# build (in the current environment: an isolated build fetches them every time, and slower). avafs runs on stock pyfuse3 too, sending a FLUSH on every close of a reader
+# (third_party/pyfuse3/README.md).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+version=3.5.0
+local_version="$version+avafs1"
+mode="${1:-install}"
+
+if [[ "$mode" == install ]] && python3 -c 'import pyfuse3; pyfuse3.FileInfo(noflush=True)' \
+    >/dev/null 2>&1; then
+  exit 0
+fi
+if [[ "$mode" != install && "$mode" != wheel ]] || [[ "$mode" == wheel && $# -ne 2 ]]; then
+  echo "usage: $0 install | wheel DIR" >&2
+  exit 2
+fi
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+pip=(python3 -m pip --disable-pip-version-check -q)
+"${pip[@]}" install 'cython>=3' 'setuptools>=78.1.1' 'setuptools_scm>=8'
+# The sdist's version comes from setuptools_scm, which finds no git tag in an unpacked sdist.
+export SETUPTOOLS_SCM_PRETEND_VERSION="$version"
+"${pip[@]}" download --no-deps --no-binary :all: --dest "$work" "pyfuse3==$version"
+tar -xzf "$work/pyfuse3-$version.tar.gz" -C "$work"
+source_dir="$work/pyfuse3-$version"
+patch -s -d "$source_dir" -p1 < "$root/third_party/pyfuse3/avafs.patch"
+# The sdist ships the C that Cython made from the unpatched .pyx; the build makes it again.
+rm -f "$source_dir/src/pyfuse3/__init__.c"
+export SETUPTOOLS_SCM_PRETEND_VERSION="$local_version"
+if [[ "$mode" == wheel ]]; then
+  "${pip[@]}" wheel --no-build-isolation --no-deps --wheel-dir "$2" "$source_dir"
+else
+  "${pip[@]}" wheel --no-build-isolation --no-deps --wheel-dir "$work/wheel" "$source_dir"
+  "${pip[@]}" install --force-reinstall --no-deps "$work"/wheel/pyfuse3-*.whl
+fi

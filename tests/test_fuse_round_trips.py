@@ -1,0 +1,84 @@
+"""The requests the kernel sends the daemon per file read, as strace sees the daemon read them
+from /dev/fuse: each is a round trip, and they bound the small files a second a mount serves."""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pyfuse3
+import pytest
+
+pytestmark = [
+    pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace (scripts/install.sh)"),
+    pytest.mark.skipif(not hasattr(pyfuse3.FileInfo(), "noflush"),
+                       reason="stock pyfuse3: scripts/build_pyfuse3.sh builds the one with noflush"),
+]
+
+OPENS = 50
+FUSE_OPEN = 14
+FUSE_FLUSH = 25
+
+
+def _daemon_pid(mountpoint: Path) -> int:
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"avafs" in b" ".join(argv) and os.fsencode(mountpoint) in argv:
+                return int(entry)
+    raise AssertionError(f"no avafs daemon serves {mountpoint}")
+
+
+def _fuse_fds(pid: int) -> set[int]:
+    return {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == "/dev/fuse"}
+
+
+def _requests_while(pid: int, action, trace: Path) -> collections.Counter[int]:
+    """The FUSE opcodes the daemon read from /dev/fuse while `action` ran (each request
+    starts with its length and opcode, two little-endian 32-bit words)."""
+    tracer = subprocess.Popen(["strace", "-f", "-qq", "-x", "-s", "8", "-e", "trace=read",
+                               "-o", str(trace), "-p", str(pid)])
+    deadline = time.monotonic() + 10
+    while f"TracerPid:\t{tracer.pid}\n" not in Path(f"/proc/{pid}/status").read_text():
+        if time.monotonic() > deadline:
+            raise AssertionError("strace did not attach")
+        time.sleep(0.05)
+    time.sleep(0.5)  # the main thread first, then every other
+    try:
+        action()
+    finally:
+        tracer.send_signal(signal.SIGINT)
+        tracer.wait(timeout=30)
+    fds = _fuse_fds(pid)
+    opcodes: collections.Counter[int] = collections.Counter()
+    for found in re.finditer(r'read\((\d+), "((?:\\x[0-9a-f]{2}){8})', trace.read_text()):
+        if int(found[1]) in fds:
+            header = bytes.fromhex(found[2].replace("\\x", ""))
+            opcodes[int.from_bytes(header[4:8], "little")] += 1
+    return opcodes
+
+
+def test_closing_a_reader_sends_no_flush(local_bucket, mount, tmp_path):
+    (local_bucket / "sample.bin").write_bytes(os.urandom(4096))
+    mnt = mount(f"file://{local_bucket}")
+    path = mnt / "sample.bin"
+    path.read_bytes()  # the lookup, and the bytes into the page cache
+
+    def read_it_again() -> None:
+        for _ in range(OPENS):
+            with open(path, "rb") as reader:
+                reader.read()
+
+    requests = _requests_while(_daemon_pid(mnt), read_it_again, tmp_path / "trace")
+    assert requests[FUSE_OPEN] == OPENS, requests
+    assert requests[FUSE_FLUSH] == 0, requests
