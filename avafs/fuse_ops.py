@@ -56,6 +56,9 @@ _READER = {"noflush": True} if hasattr(pyfuse3.FileInfo(), "noflush") else {}
 no FLUSH, which would have nothing to commit; with stock pyfuse3 every close is a round trip.
 FLUSH carries no lock release here: pyfuse3 has no lock requests, so the kernel keeps POSIX
 locks itself."""
+_READS_NAME_INODE = getattr(pyfuse3, "READS_NAME_INODE_WITHOUT_OPEN", False)
+"""Whether a read sent without an open names its inode (third_party/pyfuse3's patch; stock
+pyfuse3 gives it the handle, 0 for every file then)."""
 
 
 @dataclass(slots=True)
@@ -98,6 +101,13 @@ def _as_fuse_error() -> Iterator[None]:
         raise pyfuse3.FUSEError(errno.EIO) from None
 
 
+async def _drop_pages(inode: int) -> None:
+    """The kernel's cached pages of an inode, dropped from a worker thread (the kernel
+    answers when the pages being read are filled). An inode the kernel has forgotten has none."""
+    with contextlib.suppress(OSError):
+        await trio.to_thread.run_sync(pyfuse3.invalidate_inode, inode)
+
+
 class AvafsOperations(pyfuse3.Operations):
     def __init__(self, namespace: Namespace, stack: TierStack, options: MountOptions,
                  xattrs: dict[str, str]) -> None:
@@ -121,6 +131,15 @@ class AvafsOperations(pyfuse3.Operations):
         the same object (a listing fetched again, or a file's attributes read, makes a new
         one); dropped with the node when the kernel forgets the inode, so, like the nodes, they
         are bounded by the kernel's inode cache (about 280 bytes each)."""
+        self._opens = self.writeback is not None or not _READS_NAME_INODE
+        """Whether files are opened. A read-only mount answers OPEN with ENOSYS where pyfuse3
+        lets a read name its inode: the kernel then sends neither OPEN nor RELEASE and keeps
+        each file's pages (it drops them when a file's size or mtime changes), so a file read
+        again never reaches the daemon. Without opens no reader pins the version it opened:
+        a file replaced in the store is read on from its new version once the metadata TTL
+        has passed, its pages dropped then (`_version_reader`)."""
+        self._readers: dict[int, OpenFile] = {}
+        """Without opens, each inode's reader of its current version, until it is forgotten."""
         self._next_fh = 0
         self._limiter = trio.CapacityLimiter(64)
         self._timeout = min(options.effective_metadata_ttl, _KERNEL_TIMEOUT_CAP)
@@ -196,7 +215,19 @@ class AvafsOperations(pyfuse3.Operations):
         """The node's attributes, its object's metadata read first where needed (one HEAD)."""
         if not self.options.listing_attrs:
             await self._info_with_attrs(node)
+        if not self._opens:
+            await self._drop_replaced_pages(node)
         return self._attributes(node)
+
+    async def _drop_replaced_pages(self, node: Node) -> None:
+        """Without opens, the kernel drops a file's pages itself only when the attributes it
+        is given show another size or mtime; a version replaced by one of the same size and
+        mtime has its pages dropped here, before the lookup or getattr that found it is
+        answered (no read of the file can be waiting on this handler)."""
+        info = self.namespace.current_info(node)
+        if info is not None and node.kernel_cached_etag not in (None, info.etag):
+            node.kernel_cached_etag = None
+            await _drop_pages(node.inode)
 
     async def _info_with_attrs(self, node: Node) -> ObjectInfo | None:
         info = self.namespace.current_info(node)
@@ -240,6 +271,7 @@ class AvafsOperations(pyfuse3.Operations):
     def _forget(self, inode: int, count: int) -> None:
         if self.namespace.forget(inode, count):
             self._built.pop(inode, None)
+            self._readers.pop(inode, None)
 
     async def statfs(self, ctx=None) -> pyfuse3.StatvfsData:
         space = self.stack.space(self.writeback.dirty_bytes if self.writeback else 0)
@@ -296,6 +328,8 @@ class AvafsOperations(pyfuse3.Operations):
     # --- files ---------------------------------------------------------------------------------
 
     async def open(self, inode: int, flags: int, ctx=None) -> pyfuse3.FileInfo:
+        if not self._opens:
+            raise pyfuse3.FUSEError(errno.ENOSYS)
         node = self.namespace.node(inode)
         if node.is_dir:
             raise pyfuse3.FUSEError(errno.EISDIR)
@@ -387,7 +421,7 @@ class AvafsOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EACCES)
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        handle = self._open[fh]
+        handle = self._open[fh] if self._opens else await self._version_reader(fh)
         if handle.ref is None:
             return os.pread(handle.fd, size, off)
         try:
@@ -402,6 +436,22 @@ class AvafsOperations(pyfuse3.Operations):
         handle.ref = await self._current_ref(node)
         handle.read_ahead = self.stack.new_read_ahead()
         return await self._read_version(handle, off, size)
+
+    async def _version_reader(self, inode: int) -> OpenFile:
+        """Without opens, the reader of the inode's current version. When the version changed
+        since the inode was last read, the kernel may hold pages of the old one: they are
+        dropped from a system task, since dropping them waits for the pages this read fills,
+        which a request handler waiting for it would never send."""
+        node = self.namespace.node(inode)
+        ref = await self._current_ref(node)
+        handle = self._readers.get(inode)
+        if handle is None or handle.ref != ref:
+            if handle is not None:
+                trio.lowlevel.spawn_system_task(_drop_pages, inode)
+            handle = self._readers[inode] = OpenFile(inode, ref=ref,
+                                                     read_ahead=self.stack.new_read_ahead())
+            node.kernel_cached_etag = ref.etag
+        return handle
 
     async def _read_version(self, handle: OpenFile, off: int, size: int) -> bytes:
         with _as_fuse_error():

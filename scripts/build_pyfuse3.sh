@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
-# Builds pyfuse3 3.5.0 with third_party/pyfuse3/avafs.patch (FileInfo.noflush) as a wheel,
-# versioned 3.5.0+avafs1 so that pip prefers it to PyPI's 3.5.0 when both are offered.
+# Builds pyfuse3 3.5.0 with third_party/pyfuse3/avafs.patch (FileInfo.noflush, and a read sent
+# without an open given the inode) as a wheel, versioned 3.5.0+avafs2 so that pip prefers it to
+# PyPI's 3.5.0 when both are offered.
 #
 #   scripts/build_pyfuse3.sh install      # build it and install it (skipped if installed)
 #   scripts/build_pyfuse3.sh wheel DIR    # build the wheel into DIR (the CSI image)
 #
 # Needs gcc, pkg-config and libfuse3-dev; Cython and setuptools_scm are installed for the
-# build (in the current environment: an isolated build fetches them every time, and slower). avafs runs on stock pyfuse3 too, sending a FLUSH on every close of a reader
+# build in the current environment (an isolated build fetches them every time, and slower).
+# avafs runs on stock pyfuse3 too, with one to three more round trips per file read
 # (third_party/pyfuse3/README.md).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 version=3.5.0
-local_version="$version+avafs1"
+local_version="$version+avafs2"
 mode="${1:-install}"
 
-if [[ "$mode" == install ]] && python3 -c 'import pyfuse3; pyfuse3.FileInfo(noflush=True)' \
-    >/dev/null 2>&1; then
+installed="$(python3 -c 'import importlib.metadata as m; print(m.version("pyfuse3"))' \
+  2>/dev/null || true)"
+if [[ "$mode" == install && "$installed" == "$local_version" ]]; then
   exit 0
 fi
 if [[ "$mode" != install && "$mode" != wheel ]] || [[ "$mode" == wheel && $# -ne 2 ]]; then

@@ -23,6 +23,8 @@ pytestmark = [
 
 OPENS = 50
 FUSE_OPEN = 14
+FUSE_READ = 15
+FUSE_RELEASE = 18
 FUSE_FLUSH = 25
 
 
@@ -68,17 +70,32 @@ def _requests_while(pid: int, action, trace: Path) -> collections.Counter[int]:
     return opcodes
 
 
+def _read_again(path: Path) -> None:
+    for _ in range(OPENS):
+        with open(path, "rb") as reader:
+            reader.read()
+
+
 def test_closing_a_reader_sends_no_flush(local_bucket, mount, tmp_path):
     (local_bucket / "sample.bin").write_bytes(os.urandom(4096))
     mnt = mount(f"file://{local_bucket}")
     path = mnt / "sample.bin"
     path.read_bytes()  # the lookup, and the bytes into the page cache
 
-    def read_it_again() -> None:
-        for _ in range(OPENS):
-            with open(path, "rb") as reader:
-                reader.read()
-
-    requests = _requests_while(_daemon_pid(mnt), read_it_again, tmp_path / "trace")
+    requests = _requests_while(_daemon_pid(mnt), lambda: _read_again(path), tmp_path / "trace")
     assert requests[FUSE_OPEN] == OPENS, requests
     assert requests[FUSE_FLUSH] == 0, requests
+
+
+@pytest.mark.skipif(not getattr(pyfuse3, "READS_NAME_INODE_WITHOUT_OPEN", False),
+                    reason="stock pyfuse3: reads without an open cannot name their file")
+def test_a_read_only_mount_serves_a_file_read_again_from_the_kernel(local_bucket, mount,
+                                                                    tmp_path):
+    (local_bucket / "sample.bin").write_bytes(os.urandom(300 * 1024))
+    mnt = mount(f"file://{local_bucket}", "--read-only")
+    path = mnt / "sample.bin"
+    assert path.read_bytes() == (local_bucket / "sample.bin").read_bytes()
+
+    requests = _requests_while(_daemon_pid(mnt), lambda: _read_again(path), tmp_path / "trace")
+    for opcode in (FUSE_OPEN, FUSE_READ, FUSE_FLUSH, FUSE_RELEASE):
+        assert requests[opcode] == 0, requests

@@ -177,14 +177,37 @@ def test_disk_tier_is_reused_after_remount(s3_server, bucket, mount, tmp_path):
     assert len(gets(s3_server, bucket)) == before
 
 
-def test_changed_etag_is_reread(source, mount):
+MODES = pytest.mark.parametrize("mode", [(), ("--read-only",)], ids=["read-write", "read-only"])
+"""A read-only mount opens no files where pyfuse3 allows it (fuse_ops `_opens`), so what
+decides when a reader sees a new version differs from a read-write mount's."""
+
+
+@MODES
+def test_changed_etag_is_reread(source, mount, mode):
     source.put("model.txt", b"version one")
-    mnt = mount(source.url, *source.mount_args, "--metadata-ttl", "0")
+    mnt = mount(source.url, *source.mount_args, "--metadata-ttl", "0", *mode)
     assert (mnt / "model.txt").read_bytes() == b"version one"
     source.put("model.txt", b"version two, longer")
     if source.local_root is not None:
         os.utime(source.local_root / "model.txt", ns=(1, 1))
     assert (mnt / "model.txt").read_bytes() == b"version two, longer"
+
+
+@MODES
+def test_a_file_replaced_by_one_of_the_same_size_and_mtime_is_reread(local_bucket, mount,
+                                                                     mode):
+    """The kernel drops a file's cached pages by itself only when its size or mtime changed."""
+    path = local_bucket / "shard.bin"
+    path.write_bytes(payload(1, 200_000))
+    mnt = mount(local_bucket.as_uri(), "--metadata-ttl", "1", *mode)
+    assert (mnt / "shard.bin").read_bytes() == payload(1, 200_000)
+    mtime = path.stat().st_mtime_ns
+    replacement = local_bucket / "shard.tmp"
+    replacement.write_bytes(payload(2, 200_000))
+    os.utime(replacement, ns=(mtime, mtime))
+    replacement.rename(path)
+    time.sleep(1.5)
+    assert (mnt / "shard.bin").read_bytes() == payload(2, 200_000)
 
 
 def test_a_walk_shows_what_the_store_has_once_the_listing_is_fetched_again(source, mount):
