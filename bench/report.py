@@ -59,10 +59,15 @@ WORKLOADS = (
     Workload("imagenet_epoch1", "ImageNet tree, 1st epoch", "files/s", "best_peer", 1.0),
     Workload("imagenet_epoch2", "ImageNet tree, 2nd epoch", "files/s", LOCAL, 0.5),
     Workload("map_pod_w2", "AvaMapDataset, pod view, 2 workers", "samples/s", LOCAL, 0.8),
+    Workload("map_pod_ro_w2", "AvaMapDataset, pod view, read-only, 2 workers", "samples/s",
+             LOCAL, 0.8),
     Workload("map_host_w2", "AvaMapDataset, host view, 2 workers", "samples/s", LOCAL, 0.8),
     Workload("map_pod_w4", "AvaMapDataset, pod view, 4 workers", "samples/s", LOCAL, 0.8),
+    Workload("map_pod_ro_w4", "AvaMapDataset, pod view, read-only, 4 workers", "samples/s",
+             LOCAL, 0.8),
     Workload("map_host_w4", "AvaMapDataset, host view, 4 workers", "samples/s", LOCAL, 0.8),
     Workload("tf_pod", "tf.data, pod view", "samples/s", LOCAL, 0.8),
+    Workload("tf_pod_ro", "tf.data, pod view, read-only", "samples/s", LOCAL, 0.8),
     Workload("tf_host", "tf.data, host view", "samples/s", LOCAL, 0.8),
 )
 WORKLOAD_KEYS = tuple(workload.key for workload in WORKLOADS)

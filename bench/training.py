@@ -12,7 +12,10 @@ others and reported in the same table.
   over the warm avafs mount in the host's view (the daemon's socket reachable: batched
   reads) and in a pod's view (`epoch_reader.py` in a private mount namespace where a tmpfs
   covers the cache dir, so the adapters read the mount file by file), each beside the same
-  reader on the local copy, taken one after the other so the three see the same load.
+  reader on the local copy, taken one after the other so the three see the same load. The
+  pod's view is taken twice: on the read-write mount the checkpoint is written to, and on a
+  `--read-only` mount of the same cache dir after it, as the CSI driver stages a dataset
+  volume that pods read only (a read-only mount reads files without FUSE opens).
 """
 
 from __future__ import annotations
@@ -204,19 +207,42 @@ class TrainingRound(FuseRound):
                     self._checkpoint()
         finally:
             self._unmount()
+        if isinstance(self.mount, AvafsMount) and self._reader_plan():
+            self._read_only_pod_views(self.mount, cache)
         self.setup.set_aside(cache)
 
-    def _readers(self, cache: Path) -> None:
+    def _reader_plan(self) -> list[tuple[str, Dataset, int, str]]:
+        """(framework, samples, DataLoader workers, result key with a {view} field)."""
         readers = []
         if self.plan.samples is not None:
             readers += [("torch", self.plan.samples, workers, f"map_{{view}}_w{workers}")
                         for workers in READER_WORKERS]
         if self.plan.tf_samples is not None:
             readers.append(("tf", self.plan.tf_samples, READER_WORKERS[0], "tf_{view}"))
-        for framework, data, workers, key in readers:
+        return readers
+
+    def _read_only_pod_views(self, mount: AvafsMount, cache: Path) -> None:
+        """The readers in a pod's view of the same cache dir mounted `--read-only`."""
+        writable = mount.options
+        mount.options = (*writable, "--read-only")
+        mount.mount(cache)
+        try:
+            for framework, data, workers, key in self._reader_plan():
+                top = data.small[0].split("/", 1)[0]
+                label = key.format(view="pod_ro")
+                with self.setup.profiler.record(f"r{self.number}-{label}", self._profiled_pid()):
+                    rate, cpu = self._read(framework, mount.mountpoint / top, data, workers,
+                                           cache)
+                self.setup.results.add(label, self.name, rate, cpu)
+        finally:
+            mount.options = writable
+            self._unmount()
+
+    def _readers(self, cache: Path) -> None:
+        for framework, data, workers, key in self._reader_plan():
             top = data.small[0].split("/", 1)[0]
             local = self._read(framework, self.setup.local_root / top, data, workers)
-            for view in ("host", "pod"):
+            for view in ("host", "pod", "pod_ro"):
                 self.setup.results.add(key.format(view=view), LOCAL, local[0])
             for view in ("host", "pod"):
                 label = key.format(view=view)

@@ -37,10 +37,13 @@ REQUIRED = {
     "imagenet_epoch1": ("avafs",),
     "imagenet_epoch2": ("avafs", "local"),
     "map_pod_w2": ("avafs", "local"),
+    "map_pod_ro_w2": ("avafs", "local"),
     "map_host_w2": ("avafs", "local"),
     "map_pod_w4": ("avafs", "local"),
+    "map_pod_ro_w4": ("avafs", "local"),
     "map_host_w4": ("avafs", "local"),
     "tf_pod": ("avafs", "local"),
+    "tf_pod_ro": ("avafs", "local"),
     "tf_host": ("avafs", "local"),
 }
 PEER_WORKLOADS = ("cold_large", "imagenet_epoch1", "imagenet_epoch2")
