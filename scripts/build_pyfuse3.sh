@@ -32,7 +32,11 @@ pip=(python3 -m pip --disable-pip-version-check -q)
 "${pip[@]}" install 'cython>=3' 'setuptools>=78.1.1' 'setuptools_scm>=8'
 # The sdist's version comes from setuptools_scm, which finds no git tag in an unpacked sdist.
 export SETUPTOOLS_SCM_PRETEND_VERSION="$version"
-"${pip[@]}" download --no-deps --no-binary :all: --dest "$work" "pyfuse3==$version"
+# Only pyfuse3 itself from source, its metadata prepared with the tools just installed: with
+# `--no-binary :all:` its build requirements would have to build from source too, and recent
+# setuptools_scm sdists cannot (they need a VCS checkout to learn their own version).
+"${pip[@]}" download --no-deps --no-build-isolation --no-binary pyfuse3 --dest "$work" \
+  "pyfuse3==$version"
 tar -xzf "$work/pyfuse3-$version.tar.gz" -C "$work"
 source_dir="$work/pyfuse3-$version"
 patch -s -d "$source_dir" -p1 < "$root/third_party/pyfuse3/avafs.patch"
