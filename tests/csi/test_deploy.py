@@ -139,6 +139,8 @@ def test_example_volume_is_one_the_plugin_accepts():
     secret = the("Secret")
     csi = volume["spec"]["csi"]
     parse_volume_context(csi["volumeAttributes"], read_only=False)
+    # A dataset volume: read-only by its access mode, which kubelet hands the plugin.
+    assert volume["spec"]["accessModes"] == claim["spec"]["accessModes"] == ["ReadOnlyMany"]
     assert parse_credentials(secret["stringData"]) is not None
     assert csi["nodeStageSecretRef"] == {"name": secret["metadata"]["name"],
                                          "namespace": secret["metadata"]["namespace"]}
