@@ -138,9 +138,10 @@ def test_example_volume_is_one_the_plugin_accepts():
     claim = the("PersistentVolumeClaim")
     secret = the("Secret")
     csi = volume["spec"]["csi"]
-    parse_volume_context(csi["volumeAttributes"], read_only=False)
     # A dataset volume: read-only by its access mode, which kubelet hands the plugin.
     assert volume["spec"]["accessModes"] == claim["spec"]["accessModes"] == ["ReadOnlyMany"]
+    spec, _ = parse_volume_context(csi["volumeAttributes"], read_only=True)
+    assert "--read-only" in spec.mount_flags()
     assert parse_credentials(secret["stringData"]) is not None
     assert csi["nodeStageSecretRef"] == {"name": secret["metadata"]["name"],
                                          "namespace": secret["metadata"]["namespace"]}
