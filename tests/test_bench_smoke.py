@@ -4,9 +4,10 @@ adapters' readers time warm reads, which no store serves, and each of their runs
 TensorFlow or torch anew), real mounts, tiny data.
 
 No timing is asserted (timing targets live in bench/, as ratios); the test checks that the
-command runs end to end on each store, reports every workload (the training ones included:
-checkpoint save, the ImageNet-shaped tree, the adapters in a host's and a pod's view) with
-sane numbers and the CPU seconds of every mount's serving process, and leaves no mount behind.
+command runs end to end on each store, reports every workload it selected (the training ones
+included: checkpoint save, the ImageNet-shaped tree, the adapters in a host's and a pod's view)
+with sane numbers and the CPU seconds of every mount's serving process (and nothing for the
+ones it did not select), and leaves no mount behind.
 """
 
 from __future__ import annotations
