@@ -7,19 +7,21 @@ driver never race a half-made mount. The same code runs attached with `--foregro
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import logging
 import logging.handlers
 import os
 import signal
 import sys
+import threading
 import time
 from contextlib import ExitStack, suppress
 from pathlib import Path
 from typing import Any
 
 import prometheus_client
-import trio
+import uvloop
 
 from .batch_reads.generation import InPlaceWatch
 from .batch_reads.serve import KEEP_LOCATIONS_FOR, FileReads
@@ -288,6 +290,7 @@ class Filesystem:
 
     def close(self) -> None:
         """Stop uploading (what is pending stays journaled for the next mount) and close."""
+        self.operations.close()
         self.in_place.close()
         self.control.close()
         self.locations.close()
@@ -318,7 +321,9 @@ def serve(options: MountOptions, mountpoint: Path, ready_fd: int | None) -> int:
         try:
             lock_cache_dir(options.cache_dir, exits)
             import pyfuse3
+            import pyfuse3.asyncio
 
+            pyfuse3.asyncio.enable()  # requests are served on an asyncio loop (uvloop's)
             filesystem = Filesystem(options, mountpoint)
             exits.callback(filesystem.close)
             fuse_options = set(pyfuse3.default_options) | {"fsname=avafs", "subtype=avafs"}
@@ -340,7 +345,8 @@ def serve(options: MountOptions, mountpoint: Path, ready_fd: int | None) -> int:
                  os.getpid())
         entry = mount_at(mountpoint)
         device = entry.device if entry is not None and entry.fstype == AVAFS_FSTYPE else None
-        signalled = trio.run(_serve_until_done, ready_fd, mountpoint, options.block_size, device)
+        signalled = uvloop.run(_serve_until_done(ready_fd, mountpoint, options.block_size,
+                                                 device))
         # A signal after the mount left this namespace must not unmount whatever is at the
         # path by now (libfuse would detach it lazily, by name).
         pyfuse3.close(unmount=signalled and (device is None or device_mounted(device)))
@@ -382,40 +388,47 @@ async def _serve_until_done(ready_fd: int | None, mountpoint: Path, block_size: 
     Such copies lose the mount (ENOTCONN) instead."""
     import pyfuse3
 
+    loop = asyncio.get_running_loop()
     signalled = False
+    stop_signals = (signal.SIGTERM, signal.SIGINT)
 
-    async def stop_on_signal(task_status=trio.TASK_STATUS_IGNORED) -> None:
+    def stop_on_signal(signum: int) -> None:
+        """The first SIGTERM or SIGINT ends the session; the signals' own handlers are back
+        from then on, so a second one stops a daemon that does not unmount."""
         nonlocal signalled
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            task_status.started()
-            async for signum in signals:
-                log.info("received %s, unmounting", signal.Signals(signum).name)
-                signalled = True
-                pyfuse3.terminate()
-                return
+        for each in stop_signals:
+            loop.remove_signal_handler(each)
+        log.info("received %s, unmounting", signal.Signals(signum).name)
+        signalled = True
+        pyfuse3.terminate()
 
-    async def report_ready_once_answering() -> None:
+    def report_ready_once_answering() -> None:
         try:
-            await trio.to_thread.run_sync(os.statvfs, mountpoint)
+            os.statvfs(mountpoint)
         except OSError as error:
             log.warning("the new mount did not answer statfs (%s); serving anyway", error)
         else:
             widen_kernel_read_ahead(mountpoint, block_size)
         _report(ready_fd, "ready")
 
-    async def stop_once_unmounted_here(device: str) -> None:
-        await trio.to_thread.run_sync(wait_until_unmounted, device, cancellable=True)
+    def stop_once_unmounted_here(device: str) -> None:
+        wait_until_unmounted(device)
         log.info("%s is no longer mounted in this mount namespace; ending the session",
                  mountpoint)
-        pyfuse3.terminate()
+        with suppress(RuntimeError):  # the loop has ended already
+            loop.call_soon_threadsafe(pyfuse3.terminate)
 
-    async with trio.open_nursery() as nursery:
-        await nursery.start(stop_on_signal)
-        nursery.start_soon(report_ready_once_answering)
-        if device is not None:
-            nursery.start_soon(stop_once_unmounted_here, device)
-        await pyfuse3.main()
-        nursery.cancel_scope.cancel()
+    for signum in stop_signals:
+        loop.add_signal_handler(signum, stop_on_signal, signum)
+    # Daemon threads, not the loop's executor: each may wait on this very loop (the statfs
+    # for its answer) or for as long as the session lasts, and the loop's end would wait for
+    # an executor's threads.
+    threading.Thread(target=report_ready_once_answering, daemon=True,
+                     name="avafs-ready").start()
+    if device is not None:
+        threading.Thread(target=stop_once_unmounted_here, args=(device,), daemon=True,
+                         name="avafs-mount-watch").start()
+    await pyfuse3.main()
     return signalled
 
 

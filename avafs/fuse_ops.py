@@ -3,8 +3,8 @@
 Anything that may block (a LIST, a HEAD) runs in a worker thread; answers that are already in
 memory (fresh listings) are given inline, because a thread hop costs more than the answer.
 Reads of clean data go to `TierStack.read_async`, which makes the same choice for blocks and
-keeps each open file's read-ahead; the handlers here share one budget of worker threads with
-it (`_limiter`). The kernel's own caches
+keeps each open file's read-ahead; the handlers here share one pool of worker threads with
+it (`_threads`). The kernel's own caches
 are used on purpose: entry and attribute timeouts follow `--metadata-ttl`, negative lookups are
 cached as well, and `keep_cache` is set when a file is reopened at an unchanged ETag, so warm
 re-reads come from the page cache. Not the kernel's write-back cache (`enable_writeback_cache`):
@@ -19,18 +19,19 @@ that state (`_orphans`) until its last close frees it. Nothing of it is uploaded
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import logging
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
 import pyfuse3
-import trio
 
 from .config.options import MountOptions
 from .errors import ObjectChangedError, StoreError
@@ -101,11 +102,12 @@ def _as_fuse_error() -> Iterator[None]:
         raise pyfuse3.FUSEError(errno.EIO) from None
 
 
-async def _drop_pages(inode: int) -> None:
+async def _drop_pages(inode: int, threads: Executor) -> None:
     """The kernel's cached pages of an inode, dropped from a worker thread (the kernel
     answers when the pages being read are filled). An inode the kernel has forgotten has none."""
     with contextlib.suppress(OSError):
-        await trio.to_thread.run_sync(pyfuse3.invalidate_inode, inode)
+        await asyncio.get_running_loop().run_in_executor(threads, pyfuse3.invalidate_inode,
+                                                         inode)
 
 
 class AvafsOperations(pyfuse3.Operations):
@@ -141,7 +143,12 @@ class AvafsOperations(pyfuse3.Operations):
         self._readers: dict[int, OpenFile] = {}
         """Without opens, each inode's reader of its current version, until it is forgotten."""
         self._next_fh = 0
-        self._limiter = trio.CapacityLimiter(64)
+        self._threads = ThreadPoolExecutor(max_workers=64, thread_name_prefix="avafs-request")
+        """Where every request that may block runs; the bound keeps a burst of slow LISTs or
+        HEADs from starting a thread each."""
+        self._background: set[asyncio.Task[None]] = set()
+        """Tasks no request waits for (`_in_background`), held here until done: the loop
+        keeps only weak references to its tasks."""
         self._timeout = min(options.effective_metadata_ttl, _KERNEL_TIMEOUT_CAP)
         self._uid = os.getuid() if options.uid is None else options.uid
         self._gid = os.getgid() if options.gid is None else options.gid
@@ -159,7 +166,17 @@ class AvafsOperations(pyfuse3.Operations):
 
     async def _blocking(self, function: Callable[..., T], *args: object) -> T:
         with _as_fuse_error():
-            return await trio.to_thread.run_sync(function, *args, limiter=self._limiter)
+            return await asyncio.get_running_loop().run_in_executor(self._threads, function,
+                                                                    *args)
+
+    def _in_background(self, work: Coroutine[object, object, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def close(self) -> None:
+        """After the request loop has ended: waits for the requests' threads to finish."""
+        self._threads.shutdown(wait=True)
 
     # --- attributes ------------------------------------------------------------------------
 
@@ -227,7 +244,7 @@ class AvafsOperations(pyfuse3.Operations):
         info = self.namespace.current_info(node)
         if info is not None and node.kernel_cached_etag not in (None, info.etag):
             node.kernel_cached_etag = None
-            await _drop_pages(node.inode)
+            await _drop_pages(node.inode, self._threads)
 
     async def _info_with_attrs(self, node: Node) -> ObjectInfo | None:
         info = self.namespace.current_info(node)
@@ -440,14 +457,14 @@ class AvafsOperations(pyfuse3.Operations):
     async def _version_reader(self, inode: int) -> OpenFile:
         """Without opens, the reader of the inode's current version. When the version changed
         since the inode was last read, the kernel may hold pages of the old one: they are
-        dropped from a system task, since dropping them waits for the pages this read fills,
-        which a request handler waiting for it would never send."""
+        dropped from a task of their own, since dropping them waits for the pages this read
+        fills, which a request handler waiting for it would never send."""
         node = self.namespace.node(inode)
         ref = await self._current_ref(node)
         handle = self._readers.get(inode)
         if handle is None or handle.ref != ref:
             if handle is not None:
-                trio.lowlevel.spawn_system_task(_drop_pages, inode)
+                self._in_background(_drop_pages(inode, self._threads))
             handle = self._readers[inode] = OpenFile(inode, ref=ref,
                                                      read_ahead=self.stack.new_read_ahead())
             node.kernel_cached_etag = ref.etag
@@ -456,7 +473,7 @@ class AvafsOperations(pyfuse3.Operations):
     async def _read_version(self, handle: OpenFile, off: int, size: int) -> bytes:
         with _as_fuse_error():
             return await self.stack.read_async(handle.ref, off, size, handle.read_ahead,
-                                               self._limiter)
+                                               self._threads)
 
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         handle = self._open[fh]
@@ -476,7 +493,7 @@ class AvafsOperations(pyfuse3.Operations):
             with _as_fuse_error():
                 if self.writeback.room_to_write():
                     return
-            await trio.sleep(0.05)
+            await asyncio.sleep(0.05)
 
     async def flush(self, fh: int) -> None:
         """Commits what a writer wrote. Readers are opened with FOPEN_NOFLUSH where pyfuse3

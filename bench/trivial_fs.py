@@ -3,8 +3,8 @@
     python3 bench/trivial_fs.py MOUNTPOINT [FILES]
 
 It measures pyfuse3's own ceiling for small files (lookup, open, read, flush, release per
-file, answered without any work), which bounds what any pyfuse3 file system, avafs
-included, can serve: `python3 bench/probes.py pyfuse3-ceiling` mounts it and reads every file.
+file, answered without any work, on uvloop as avafs serves them), which bounds what any
+pyfuse3 file system, avafs included, can serve: `python3 bench/probes.py pyfuse3-ceiling` mounts it and reads every file.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import stat
 import sys
 
 import pyfuse3
-import trio
+import pyfuse3.asyncio
+import uvloop
 
 FILE_SIZE = 16 * 1024
 FIRST_INODE = 10
@@ -55,9 +56,10 @@ class TrivialFs(pyfuse3.Operations):
 def main() -> int:
     files = int(sys.argv[2]) if len(sys.argv) > 2 else 2000
     options = set(pyfuse3.default_options) | {"fsname=trivialfs"}
+    pyfuse3.asyncio.enable()
     pyfuse3.init(TrivialFs(files), sys.argv[1], options)
     try:
-        trio.run(pyfuse3.main)
+        uvloop.run(pyfuse3.main())
     finally:
         pyfuse3.close()
     return 0

@@ -9,13 +9,14 @@ short tail joined to the stream before it, and no stream for a reader that jumps
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO
 
 import pytest
-import trio
 
 from avafs.metrics import Metrics
 from avafs.objects import ObjectRef
@@ -72,11 +73,11 @@ def _read_blocks(stack: TierStack, ref: ObjectRef, state: ReadAhead,
                  indices: list[int]) -> list[bytes]:
     """Reads each block in turn, as one open file's reader on the FUSE loop."""
     async def read_all() -> list[bytes]:
-        limiter = trio.CapacityLimiter(4)
-        return [await stack.read_async(ref, index * BLOCK, BLOCK, state, limiter)
-                for index in indices]
+        with ThreadPoolExecutor(4) as threads:
+            return [await stack.read_async(ref, index * BLOCK, BLOCK, state, threads)
+                    for index in indices]
 
-    return trio.run(read_all)
+    return asyncio.run(read_all())
 
 
 def test_a_sequential_reader_gets_streams_of_doubling_windows(tmp_path, stack):

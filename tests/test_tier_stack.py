@@ -7,14 +7,14 @@ of a sequential reader (a regression once made remounted files read block by blo
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 
 import pytest
-import trio
 
 from avafs.errors import ObjectChangedError
 from avafs.metrics import Metrics
@@ -60,19 +60,24 @@ def _gets(stack: TierStack) -> float:
 
 def _read_on_loop(stack: TierStack, ref: ObjectRef, offset: int, size: int) -> bytes:
     """`read_async` as the FUSE loop calls it, with a fresh read-ahead state."""
-    return trio.run(lambda: stack.read_async(ref, offset, size, stack.new_read_ahead(),
-                                             trio.CapacityLimiter(1)))
+    async def read() -> bytes:
+        with ThreadPoolExecutor(1) as threads:
+            return await stack.read_async(ref, offset, size, stack.new_read_ahead(), threads)
+
+    return asyncio.run(read())
+
+
+class _NoThreads(Executor):
+    """An executor that refuses work: given to a read that must be answered on the loop."""
+
+    def submit(self, fn: Callable[..., object], /, *args: object,
+               **kwargs: object) -> Future[object]:
+        raise AssertionError("the read asked for a worker thread")
 
 
 def _read_inline(stack: TierStack, ref: ObjectRef, offset: int, size: int) -> bytes:
     """`read_async` with no worker thread to be had: a read that needed one fails."""
-    async def read() -> bytes:
-        limiter = trio.CapacityLimiter(1)
-        limiter.acquire_on_behalf_of_nowait(object())
-        with trio.fail_after(5):
-            return await stack.read_async(ref, offset, size, stack.new_read_ahead(), limiter)
-
-    return trio.run(read)
+    return asyncio.run(stack.read_async(ref, offset, size, stack.new_read_ahead(), _NoThreads()))
 
 
 def _wait_in_ram(stack: TierStack, ref: ObjectRef) -> None:
@@ -268,22 +273,24 @@ async def _loop_and_thread_reads(stack: TierStack, small: ObjectRef) -> dict[str
         except Exception as error:  # noqa: BLE001 - the test compares what each got
             results[name] = error
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(read, "loop", lambda: stack.read_async(
-            small, 0, 100, stack.new_read_ahead(), trio.CapacityLimiter(1)))
+    with ThreadPoolExecutor(2) as threads:
+        loop = asyncio.get_running_loop()
+        on_loop = asyncio.create_task(read("loop", lambda: stack.read_async(
+            small, 0, 100, stack.new_read_ahead(), threads)))
         while not store.fetching_threads:
-            await trio.sleep(0.01)
-        nursery.start_soon(read, "thread",
-                           lambda: trio.to_thread.run_sync(stack.read, small, 200, 300))
-        await trio.sleep(0.1)
+            await asyncio.sleep(0.01)
+        in_thread = asyncio.create_task(read("thread", lambda: loop.run_in_executor(
+            threads, stack.read, small, 200, 300)))
+        await asyncio.sleep(0.1)
         store.gate.set()
+        await asyncio.gather(on_loop, in_thread)
     return results
 
 
 def test_a_cold_small_read_from_the_loop_is_shared_with_a_reader_in_a_thread(tmp_path, stack):
     small, data = _small_object(tmp_path, _FailingGatedStore)
 
-    results = trio.run(_loop_and_thread_reads, stack, small)
+    results = asyncio.run(_loop_and_thread_reads(stack, small))
 
     assert results == {"loop": data[:100], "thread": data[200:500]}
     assert len(small.store.fetching_threads) == 1
@@ -295,14 +302,14 @@ def test_a_failed_small_fetch_fails_every_waiting_reader_and_leaves_nothing_behi
     small, data = _small_object(tmp_path, _FailingGatedStore)
     small.store.failure = ObjectChangedError("changed while being read")
 
-    results = trio.run(_loop_and_thread_reads, stack, small)
+    results = asyncio.run(_loop_and_thread_reads(stack, small))
 
     assert isinstance(results["loop"], ObjectChangedError)
     assert isinstance(results["thread"], ObjectChangedError)
     assert not stack.is_cached(small, 0, "disk")
     small.store.failure = None
     small.store.fetching_threads.clear()
-    assert trio.run(_loop_and_thread_reads, stack, small)["loop"] == data[:100], \
+    assert asyncio.run(_loop_and_thread_reads(stack, small))["loop"] == data[:100], \
         "the block is no longer marked loading and its fetch slot is free again"
 
 

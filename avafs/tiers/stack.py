@@ -23,13 +23,12 @@ are unchanged.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import NamedTuple
-
-import trio
 
 from ..errors import AvafsError, StoreError
 from ..metrics import Metrics
@@ -43,7 +42,7 @@ log = logging.getLogger(__name__)
 
 INLINE_DISK_READ = 512 * 1024
 """Objects this small are read from the disk tier in the caller's thread: reading and checking
-one small block costs less than the two thread hops of a load (trio worker, fetch pool),
+one small block costs less than the two thread hops of a load (request thread, fetch pool),
 which were most of a small file's read after a remount. The FUSE request loop waits for that
 read, so the bound keeps it well under a millisecond from the page cache or an SSD."""
 
@@ -111,9 +110,9 @@ class TierStack:
         return ReadAhead(self._read_ahead)
 
     async def read_async(self, ref: ObjectRef, offset: int, size: int, read_ahead: ReadAhead,
-                         limiter: trio.CapacityLimiter) -> bytes:
-        """The bytes of [offset, offset+size), for a reader on a trio loop (the FUSE request
-        loop) that keeps `read_ahead` per open file. The cheapest way that can answer is
+                         threads: Executor) -> bytes:
+        """The bytes of [offset, offset+size), for a reader on an asyncio loop (the FUSE
+        request loop) that keeps `read_ahead` per open file. The cheapest way that can answer is
         taken, in this order:
 
         1. an object of one small block (INLINE_DISK_READ) in RAM or the disk tier: read
@@ -122,8 +121,8 @@ class TierStack:
            loop (`_fetch_small`);
         3. a larger object first takes its reader's read-ahead into account, which may start
            a stream (never blocks); then every block in RAM: sliced here, on the loop;
-        4. anything else: `read` in a worker thread, bounded by the caller's `limiter`
-           (its budget of threads for every request that may block).
+        4. anything else: `read` in one of the caller's `threads` (its pool for every
+           request that may block).
 
         A thread hop costs more than an answer already in memory, so 1 and 3 take none."""
         data = self._read_small(ref, offset, size)
@@ -138,7 +137,8 @@ class TierStack:
                 read_ahead.streamed(wanted, self.stream(ref, wanted.start, len(wanted)))
         data = self._read_from_ram(ref, offset, size)
         if data is None:
-            data = await trio.to_thread.run_sync(self.read, ref, offset, size, limiter=limiter)
+            data = await asyncio.get_running_loop().run_in_executor(threads, self.read, ref,
+                                                                    offset, size)
         return data
 
     def read_whole(self, refs: list[ObjectRef]) -> list[bytes | AvafsError | OSError]:
@@ -198,7 +198,7 @@ class TierStack:
 
     async def _fetch_small(self, ref: ObjectRef, offset: int, size: int) -> bytes | None:
         """The bytes of a one-block object that neither tier holds (`_read_small` said None):
-        only the GET goes to a worker thread, and the block is cached from the caller's trio
+        only the GET goes to a fetch thread, and the block is cached from the caller's
         loop, which costs less than the whole of `read` in a thread (BENCHMARKS.md, "The
         layout step"). None when the block got cached or began loading meanwhile, or no fetch
         slot is free: then `read`, in a thread, waits for it. The block stays small
@@ -216,11 +216,13 @@ class TierStack:
             future: Future[bytes] = Future()
             self._loading[block] = future
         try:
-            data = await trio.to_thread.run_sync(ref.store.get_range, ref.key, 0, ref.size,
-                                                 ref.etag)
+            # The fetch pool has a thread for every slot, so this GET, which holds one, is
+            # never queued behind work waiting for it.
+            data = await asyncio.wrap_future(self._executor.submit(
+                ref.store.get_range, ref.key, 0, ref.size, ref.etag))
             self._fetched(block, future, data)
         except BaseException as error:
-            # Readers waiting in threads get a plain error, never trio's own Cancelled.
+            # Readers waiting in threads get a plain error, never the loop's CancelledError.
             if not future.done():
                 future.set_exception(error if isinstance(error, Exception) else
                                      StoreError(f"reading {ref.key} was interrupted"))

@@ -1,9 +1,10 @@
 """`s3://bucket[/prefix]`: any S3-compatible endpoint, through boto3 in worker threads.
 
-Why boto3 in threads rather than aiobotocore: pyfuse3 runs on trio, and aiobotocore needs an
-asyncio loop, so an async client would need its own loop thread and a bridge anyway; boto3's
-client is thread-safe, pools connections, and its "standard" retry mode already retries 5xx,
-throttling and connection errors with exponential backoff. Measurements are in BENCHMARKS.md.
+Why boto3 in threads rather than aiobotocore: the store is called from threads that are not
+the FUSE loop (read-ahead streams, warmups, uploads, the control socket) as much as from it,
+and aiobotocore was not faster where it was measured (BENCHMARKS.md); boto3's client is
+thread-safe, pools connections, and its "standard" retry mode already retries 5xx,
+throttling and connection errors with exponential backoff.
 
 Errors that reach users never carry credentials: messages are composed here from the bucket,
 the endpoint and the error code only.
