@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds pyfuse3 3.5.0 with third_party/pyfuse3/avafs.patch (FileInfo.noflush, and a read sent
-# without an open given the inode) as a wheel, versioned 3.5.0+avafs2 so that pip prefers it to
-# PyPI's 3.5.0 when both are offered.
+# Builds pyfuse3 3.5.0 with third_party/pyfuse3/avafs.patch (FileInfo.noflush, a read sent
+# without an open given the inode, and its asyncio mode's request wait and failures) as a
+# wheel, versioned 3.5.0+avafs3 so that pip prefers it to PyPI's 3.5.0 when both are offered.
 #
 #   scripts/build_pyfuse3.sh install      # build it and install it (skipped if installed)
 #   scripts/build_pyfuse3.sh wheel DIR    # build the wheel into DIR (the CSI image)
@@ -13,7 +13,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 version=3.5.0
-local_version="$version+avafs2"
+local_version="$version+avafs3"
 mode="${1:-install}"
 
 installed="$(python3 -c 'import importlib.metadata as m; print(m.version("pyfuse3"))' \
