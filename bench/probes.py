@@ -380,8 +380,8 @@ def probe_write_profile(server: s3server.Store, workdir: Path) -> None:
 
 def _context_switches(pid: int, action: Callable[[], object]) -> tuple[float, int]:
     """(seconds, context switches of every thread of `pid`) while `action` runs, counted by
-    perf stat: threads that end meanwhile (the daemon's short-lived threads) count too, which summing
-    /proc/PID/task/*/status afterwards would miss."""
+    perf stat: threads that end meanwhile count too, which summing /proc/PID/task/*/status
+    afterwards would miss."""
     counts = _scratch_file(".perfstat")
     seconds = _while_attached(["perf", "stat", "-e", "context-switches", "-x", ",",
                                "-o", str(counts), "-p", str(pid)], action)

@@ -4,7 +4,8 @@
 
 It measures pyfuse3's own ceiling for small files (lookup, open, read, flush, release per
 file, answered without any work, on uvloop as avafs serves them), which bounds what any
-pyfuse3 file system, avafs included, can serve: `python3 bench/probes.py pyfuse3-ceiling` mounts it and reads every file.
+pyfuse3 file system, avafs included, can serve: `python3 bench/probes.py pyfuse3-ceiling`
+mounts it and reads every file.
 """
 
 from __future__ import annotations
