@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # Builds pyfuse3 3.5.0 with third_party/pyfuse3/avafs.patch (FileInfo.noflush, a read sent
-# without an open given the inode, and its asyncio mode's request wait and failures) as a
-# wheel, versioned 3.5.0+avafs3 so that pip prefers it to PyPI's 3.5.0 when both are offered.
+# without an open given the inode, its asyncio mode's request wait and failures, and opendir's
+# FileInfo with cache_readdir) as a wheel, versioned 3.5.0+avafs4 so that pip prefers it to
+# PyPI's 3.5.0 when both are offered.
 #
 #   scripts/build_pyfuse3.sh install      # build it and install it (skipped if installed)
 #   scripts/build_pyfuse3.sh wheel DIR    # build the wheel into DIR (the CSI image)
 #
 # Needs gcc, pkg-config and libfuse3-dev; Cython and setuptools_scm are installed for the
 # build in the current environment (an isolated build fetches them every time, and slower).
-# avafs runs on stock pyfuse3 too, with one to three more round trips per file read
-# (third_party/pyfuse3/README.md).
+# avafs runs on stock pyfuse3 too, with one to three more round trips per file read and more
+# per directory read (third_party/pyfuse3/README.md).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 version=3.5.0
-local_version="$version+avafs3"
+local_version="$version+avafs4"
 mode="${1:-install}"
 
 installed="$(python3 -c 'import importlib.metadata as m; print(m.version("pyfuse3"))' \
