@@ -60,6 +60,9 @@ locks itself."""
 _READS_NAME_INODE = getattr(pyfuse3, "READS_NAME_INODE_WITHOUT_OPEN", False)
 """Whether a read sent without an open names its inode (third_party/pyfuse3's patch; stock
 pyfuse3 gives it the handle, 0 for every file then)."""
+_CACHES_DIRECTORIES = hasattr(pyfuse3.FileInfo(), "cache_readdir")
+"""Whether opendir can ask the kernel to keep a directory's entries (third_party/pyfuse3's
+patch; stock pyfuse3 takes a handle only, and every read of a directory is a request)."""
 
 
 @dataclass(slots=True)
@@ -126,6 +129,10 @@ class AvafsOperations(pyfuse3.Operations):
         self._orphans: dict[int, Pending] = {}
         """Inodes deleted or renamed over while open: the state their handles keep."""
         self._dirs: dict[int, OpenDirectory] = {}
+        self._kernel_listings: dict[int, int] = {}
+        """Per directory inode, the signature (`_listed`) of the entries the kernel last read
+        to their end, which it keeps in its page cache (`_CACHES_DIRECTORIES`): an open keeps
+        that cache only while the directory's signature is still the same."""
         self._built: dict[int, tuple[ObjectInfo | None, pyfuse3.EntryAttributes]] = {}
         """The attributes last built for an inode with nothing pending, and the metadata they
         were built from: a walk asks for the attributes of every entry at every readdir, and
@@ -289,6 +296,7 @@ class AvafsOperations(pyfuse3.Operations):
         if self.namespace.forget(inode, count):
             self._built.pop(inode, None)
             self._readers.pop(inode, None)
+            self._kernel_listings.pop(inode, None)
 
     async def statfs(self, ctx=None) -> pyfuse3.StatvfsData:
         space = self.stack.space(self.writeback.dirty_bytes if self.writeback else 0)
@@ -313,13 +321,36 @@ class AvafsOperations(pyfuse3.Operations):
 
     # --- directories -------------------------------------------------------------------------
 
-    async def opendir(self, inode: int, ctx=None) -> int:
+    async def opendir(self, inode: int, ctx=None) -> int | pyfuse3.FileInfo:
+        """Where pyfuse3 allows it, every directory is opened with the kernel's readdir cache
+        on: a directory read to its end is read again from the kernel's page cache, with no
+        request, for as long as each open finds it unchanged. What the kernel caches are the
+        names and inode numbers of the entries; attributes keep their own timeouts. Unchanged
+        means: the listing is fresh (within the metadata TTL, so this open does no I/O) and
+        names the same entries, with the same inodes, as when the kernel read it. Otherwise
+        the open drops the kernel's copy, and the next read asks the daemon (which lists
+        again when the listing is stale). Changes made through this mount need no check: the
+        kernel drops its copy itself when it creates, removes or renames an entry, and so
+        does `avafs refresh` through its invalidations."""
         directory = self.namespace.node(inode)
         if not directory.is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         fh = self._new_fh()
         self._dirs[fh] = OpenDirectory(directory)
-        return fh
+        if not _CACHES_DIRECTORIES:
+            return fh
+        held = self._kernel_listings.get(inode)
+        listing = None if held is None else \
+            self.namespace.cached_listing(directory.source, directory.key)
+        unchanged = listing is not None and held == self._listed(directory, listing.ordered)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=unchanged, cache_readdir=True)
+
+    def _listed(self, directory: Node, entries: list[Entry]) -> int:
+        """What the kernel keeps of a directory read to its end: each entry's name and inode
+        (0 for an entry it has forgotten, whose next lookup makes a new inode)."""
+        node_of = self.namespace.node_of
+        return hash(tuple((entry.name, node.inode if (node := node_of(directory, entry.name))
+                           else 0) for entry in entries))
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         handle = self._dirs[fh]
@@ -330,6 +361,10 @@ class AvafsOperations(pyfuse3.Operations):
                 listing = await self._blocking(self.namespace.listing, directory.source,
                                                directory.key)
             handle.entries = listing.ordered
+        if start_id >= len(handle.entries):
+            # The empty answer that ends the kernel's read: it now holds every entry.
+            self._kernel_listings[directory.inode] = self._listed(directory, handle.entries)
+            return
         child, attributes, reply = self.namespace.child, self._attributes, pyfuse3.readdir_reply
         for position in range(start_id, len(handle.entries)):
             entry = handle.entries[position]

@@ -26,6 +26,8 @@ FUSE_OPEN = 14
 FUSE_READ = 15
 FUSE_RELEASE = 18
 FUSE_FLUSH = 25
+FUSE_OPENDIR = 27
+FUSE_READDIRPLUS = 44
 
 
 def _daemon_pid(mountpoint: Path) -> int:
@@ -91,3 +93,23 @@ def test_a_read_only_mount_serves_a_file_read_again_from_the_kernel(local_bucket
     requests = _requests_while(_daemon_pid(mnt), lambda: _read_again(path), tmp_path / "trace")
     for opcode in (FUSE_OPEN, FUSE_READ, FUSE_FLUSH, FUSE_RELEASE):
         assert requests[opcode] == 0, requests
+
+
+@pytest.mark.skipif(not hasattr(pyfuse3.FileInfo(), "cache_readdir"),
+                    reason="stock pyfuse3: opendir cannot turn the kernel's readdir cache on")
+def test_a_directory_read_again_is_answered_by_the_kernel(local_bucket, mount, tmp_path):
+    """Its entries are many READDIRPLUS replies the first time, none while it is unchanged."""
+    (local_bucket / "d").mkdir()
+    names = [f"{i:04d}.bin" for i in range(300)]
+    for name in names:
+        (local_bucket / "d" / name).write_bytes(b"x")
+    mnt = mount(f"file://{local_bucket}", "--metadata-ttl", "3600")
+    assert sorted(os.listdir(mnt / "d")) == names
+
+    def list_again() -> None:
+        for _ in range(OPENS):
+            assert len(os.listdir(mnt / "d")) == len(names)
+
+    requests = _requests_while(_daemon_pid(mnt), list_again, tmp_path / "trace")
+    assert requests[FUSE_OPENDIR] == OPENS, requests
+    assert requests[FUSE_READDIRPLUS] == 0, requests

@@ -232,6 +232,49 @@ def test_a_walk_shows_what_the_store_has_once_the_listing_is_fetched_again(sourc
     assert (mnt / "d" / "a.bin").read_bytes() == b"y" * 30
 
 
+def _listed(directory: Path) -> dict[str, int]:
+    """Each entry's name and the inode its directory entry names, checked against its stat."""
+    entries = {entry.name: entry.inode() for entry in os.scandir(directory)}
+    for name, inode in entries.items():
+        assert os.stat(directory / name).st_ino == inode, name
+    return entries
+
+
+def test_a_directory_read_again_shows_every_change(source, mount):
+    """The kernel keeps a directory's entries once it has read them all (fuse_ops.opendir):
+    changes in the store show once the listing is fetched again, changes through the mount at
+    once, and an entry whose inode the kernel forgot is listed with the inode it has now."""
+    for name in ("a.bin", "b.bin"):
+        source.put(f"d/{name}", b"x")
+    mnt = mount(source.url, *source.mount_args, "--metadata-ttl", "1")
+    assert sorted(_listed(mnt / "d")) == sorted(_listed(mnt / "d")) == ["a.bin", "b.bin"]
+
+    source.put("d/c.bin", b"x")
+    source.delete("d/a.bin")
+    deadline = time.monotonic() + 10
+    while sorted(_listed(mnt / "d")) != ["b.bin", "c.bin"]:
+        assert time.monotonic() < deadline, "the store's changes never showed"
+        time.sleep(0.2)
+
+    (mnt / "d" / "new.bin").write_bytes(b"y")
+    assert sorted(_listed(mnt / "d")) == ["b.bin", "c.bin", "new.bin"]
+    (mnt / "d" / "new.bin").rename(mnt / "d" / "renamed.bin")
+    assert sorted(_listed(mnt / "d")) == ["b.bin", "c.bin", "renamed.bin"]
+    (mnt / "d" / "renamed.bin").unlink()
+    (mnt / "d" / "sub").mkdir()
+    assert sorted(_listed(mnt / "d")) == ["b.bin", "c.bin", "sub"]
+
+    held = os.open(mnt / "d", os.O_RDONLY)  # keeps the directory's inode, and its entries
+    try:
+        try:
+            Path("/proc/sys/vm/drop_caches").write_text("2")  # forgets the unused inodes
+        except OSError:
+            return  # not root: nothing makes the kernel forget inodes on demand
+        assert sorted(_listed(mnt / "d")) == ["b.bin", "c.bin", "sub"]
+    finally:
+        os.close(held)
+
+
 def test_immutable_mount_never_revalidates(s3_server, bucket, mount):
     client = s3_server.client()
     client.put_object(Bucket=bucket, Key="frozen.txt", Body=b"same")
