@@ -8,6 +8,7 @@
     python3 bench/probes.py writes      # 1 GiB written until durable: avafs vs direct upload
     python3 bench/probes.py write-profile   # the daemon's CPU by library while 1 GiB is written
     python3 bench/probes.py small-writes    # 2000 small files until durable: CPU, thread switches
+    python3 bench/probes.py walk        # find/stat of 20,000 entries: avafs vs local disk
 
 They measure what a change to avafs would buy before it is made: `ranges` shows what a
 larger fetch unit gives a sequential reader, `read-size` raises the mount's read-ahead
@@ -23,7 +24,8 @@ daemon and the server; `write-profile` samples the daemon with perf during that 
 splits its CPU between the kernel, Python and the libraries (libcrypto: SigV4's SHA-256 of
 each part over plain HTTP; libz: the part's CRC32). `small-writes` writes 2000 small files
 through avafs until they are in the store and uploads as many directly, printing the daemon's
-CPU and context switches per file next to the ratio.
+CPU and context switches per file next to the ratio. `walk` is the benchmark's find/stat
+alone, with `--base` as for `reads`.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -54,9 +56,11 @@ from common import (  # noqa: E402
     write_local,
 )
 from mounts import AvafsMount, cpu_seconds, unmount_everything  # noqa: E402
-from workloads import WritePlan, drop_cached_pages  # noqa: E402
+from workloads import WritePlan, drop_cached_pages, stat_tree, tree_names, write_tree  # noqa: E402
 
 ROUNDS = 3
+TREE_ENTRIES = 20_000
+"""The benchmark's find/stat tree (`--tree`)."""
 READ_PHASES = ("cold-large", "cold-small", "warm-large", "warm-small", "remount-large",
                "remount-small")
 _ARGS = argparse.Namespace()
@@ -219,9 +223,6 @@ def probe_reads(server: s3server.Store, workdir: Path) -> None:
     write_local(workdir / "data", dataset)
     client = server.client()
     s3server.upload_files(client, workdir / "data", dataset.large + dataset.small)
-    trees = {"this": str(Path(__file__).resolve().parent.parent)}
-    if _ARGS.base:
-        trees = {"base": str(Path(_ARGS.base).resolve()), **trees}
     only = set(_ARGS.only.split(",")) if _ARGS.only else set(READ_PHASES)
     results: dict[str, list[float]] = {}
     for number in range(_ARGS.rounds):
@@ -229,9 +230,7 @@ def probe_reads(server: s3server.Store, workdir: Path) -> None:
         results.setdefault("direct   large MB/s", []).append(size / seconds / 1e6)
         _, seconds = timed_bytes(lambda: s3server.download_objects(client, dataset.small))
         results.setdefault("direct   small files/s", []).append(len(dataset.small) / seconds)
-        for tree, path in (list(trees.items()) if number % 2 == 0 else
-                           list(reversed(trees.items()))):
-            os.environ["PYTHONPATH"] = path
+        for tree in _trees_in_turn(number):
             shutil.rmtree(workdir / "cache", ignore_errors=True)
             mount = AvafsMount(server, workdir / "mnt", 2**30, 10 * 2**30)
             for label in ("cold", "warm", "remount"):
@@ -256,6 +255,45 @@ def probe_reads(server: s3server.Store, workdir: Path) -> None:
                     results.setdefault(f"{tree} {label:8} {size_name} daemon CPU-s", []).append(
                         cpu_seconds(mount.pid) - before)
             mount.unmount()
+    _print_medians(results)
+
+
+def probe_walk(server: s3server.Store, workdir: Path) -> None:
+    """find/stat of the benchmark's tree (TREE_ENTRIES empty files, directories of 1,000) as
+    the benchmark times it (`workloads.stat_tree`: the entries cached by one walk, then the
+    median of repeated walks), on a fresh mount each round, against the same tree on local
+    disk in the same round. `--base DIR` mounts the avafs under DIR too, as for `reads`."""
+    names = tree_names(TREE_ENTRIES)
+    s3server.put_empty(server.client(), names)
+    write_tree(workdir / "local", names)
+    results: dict[str, list[float]] = {}
+    for number in range(_ARGS.rounds):
+        results.setdefault("local entries/s", []).append(
+            stat_tree(workdir / "local" / "tree", TREE_ENTRIES))
+        for tree in _trees_in_turn(number):
+            shutil.rmtree(workdir / "cache", ignore_errors=True)
+            mount = AvafsMount(server, workdir / "mnt", 2**30, 10 * 2**30)
+            mount.mount(workdir / "cache")
+            before = cpu_seconds(mount.pid)
+            results.setdefault(f"{tree} entries/s", []).append(
+                stat_tree(mount.mountpoint / "tree", TREE_ENTRIES))
+            results.setdefault(f"{tree} daemon CPU-s", []).append(cpu_seconds(mount.pid) - before)
+            mount.unmount()
+    _print_medians(results)
+
+
+def _trees_in_turn(number: int) -> Iterator[str]:
+    """The avafs trees round `number` mounts, by name: this one, and `--base`'s before it,
+    in reverse order every other round. Each is put on the daemons' PYTHONPATH in its turn."""
+    trees = {"this": str(Path(__file__).resolve().parent.parent)}
+    if _ARGS.base:
+        trees = {"base": str(Path(_ARGS.base).resolve()), **trees}
+    for tree in (list(trees) if number % 2 == 0 else list(reversed(trees))):
+        os.environ["PYTHONPATH"] = trees[tree]
+        yield tree
+
+
+def _print_medians(results: dict[str, list[float]]) -> None:
     for label, rates in sorted(results.items()):
         print(f"{label:34} {median(rates):8.2f}  (rounds: {', '.join(f'{r:.2f}' for r in rates)})")
     print(f"load average {' '.join(f'{value:.1f}' for value in os.getloadavg())}")
@@ -426,7 +464,7 @@ def probe_small_writes(server: s3server.Store, workdir: Path) -> None:
 PROBES = {"ranges": probe_ranges, "read-size": probe_read_size, "requests": probe_requests,
           "reads": probe_reads, "pyfuse3-ceiling": probe_pyfuse3_ceiling,
           "writes": probe_writes, "write-profile": probe_write_profile,
-          "small-writes": probe_small_writes}
+          "small-writes": probe_small_writes, "walk": probe_walk}
 
 
 def main() -> int:
@@ -436,9 +474,9 @@ def main() -> int:
     parser.add_argument("--store", choices=s3server.STORES, default=s3server.STORES[0],
                         help="the S3 server on loopback (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=ROUNDS,
-                        help="rounds of `reads` (default: %(default)s)")
+                        help="rounds of `reads` and `walk` (default: %(default)s)")
     parser.add_argument("--base", metavar="DIR",
-                        help="`reads` only: a tree holding another avafs package (such as "
+                        help="`reads` and `walk`: a tree holding another avafs package (such as "
                              "`git archive main avafs | tar -x -C DIR`), mounted in every "
                              "round beside this one")
     parser.add_argument("--only", metavar="PHASES",
