@@ -362,8 +362,8 @@ class AvafsOperations(pyfuse3.Operations):
                                                directory.key)
             handle.entries = listing.ordered
         if start_id >= len(handle.entries):
-            # The empty answer that ends the kernel's read: it now holds every entry.
-            self._kernel_listings[directory.inode] = self._listed(directory, handle.entries)
+            if _CACHES_DIRECTORIES:  # the empty answer that ends the kernel's read of them all
+                self._kernel_listings[directory.inode] = self._listed(directory, handle.entries)
             return
         child, attributes, reply = self.namespace.child, self._attributes, pyfuse3.readdir_reply
         for position in range(start_id, len(handle.entries)):

@@ -66,13 +66,13 @@ from training import (  # noqa: E402
     run_training_direct,
     run_training_local,
 )
-from workloads import WritePlan, tree_names, write_tree  # noqa: E402
+from workloads import TREE_ENTRIES, WritePlan, tree_names, write_tree  # noqa: E402
 
 import avafs  # noqa: E402
 from avafs.config.sizes import parse_size  # noqa: E402
 
 FULL = {"rounds": 2, "large": 4, "large_size": 64 * MiB, "small": 1000,
-        "small_size": 100 * 1024, "tree": 20_000, "write_size": 2**30, "small_writes": 10_000,
+        "small_size": 100 * 1024, "tree": TREE_ENTRIES, "write_size": 2**30, "small_writes": 10_000,
         "flush_timeout": 300.0, "ckpt_size": 2 * 2**30, "tree_files": 100_000,
         "samples": 10_000, "reader_epochs": 3}
 SMOKE = {"rounds": 1, "large": 2, "large_size": 4 * MiB, "small": 50,

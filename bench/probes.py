@@ -56,11 +56,16 @@ from common import (  # noqa: E402
     write_local,
 )
 from mounts import AvafsMount, cpu_seconds, unmount_everything  # noqa: E402
-from workloads import WritePlan, drop_cached_pages, stat_tree, tree_names, write_tree  # noqa: E402
+from workloads import (  # noqa: E402
+    TREE_ENTRIES,
+    WritePlan,
+    drop_cached_pages,
+    stat_tree,
+    tree_names,
+    write_tree,
+)
 
 ROUNDS = 3
-TREE_ENTRIES = 20_000
-"""The benchmark's find/stat tree (`--tree`)."""
 READ_PHASES = ("cold-large", "cold-small", "warm-large", "warm-small", "remount-large",
                "remount-small")
 _ARGS = argparse.Namespace()

@@ -24,6 +24,8 @@ REPEAT_BUDGET = 1.0
 shared machine: they are repeated (up to REPEATS times, while under REPEAT_BUDGET seconds in
 all) and the median of the repeats is the round's figure. Slow systems get one repetition."""
 TREE_FANOUT = 1000
+TREE_ENTRIES = 20_000
+"""The find/stat tree's size in a full run (`benchmark.py --tree`, `probes.py walk`)."""
 _PATTERN_SIZE = 64 * MiB
 
 
