@@ -178,6 +178,47 @@ def test_an_uncached_read_from_a_hung_store_fails_within_its_bound(s3_server, bu
     assert (mnt / "d/cold.bin").read_bytes() == payload(5, 50_000)
 
 
+def test_reads_waiting_on_a_hung_store_hold_up_no_other_request(s3_server, bucket, s3_mount,
+                                                                 proxy):
+    """The daemon takes every request in one loop and runs its handler there until the
+    handler waits: reads waiting on a hung store go on aside, and a cached file, its
+    directory and a new file are served meanwhile, all before any of those reads ends."""
+    client = s3_server.client()
+    client.put_object(Bucket=bucket, Key="d/warm.bin", Body=b"warm")
+    cold_keys = [f"d/cold{number}.bin" for number in range(4)]
+    for number, key in enumerate(cold_keys):
+        client.put_object(Bucket=bucket, Key=key, Body=payload(number, 50_000))
+    mnt = s3_mount("--metadata-ttl", "600", "--store-timeout", f"{STORE_TIMEOUT:g}",
+                   endpoint=proxy.endpoint)
+    assert sorted(os.listdir(mnt / "d")) == sorted(key[2:] for key in [*cold_keys, "d/warm.bin"])
+    assert (mnt / "d/warm.bin").read_bytes() == b"warm"
+    proxy.mode = "hang"
+    ended: dict[str, tuple[object, float]] = {}
+
+    def read_cold(key: str) -> None:
+        try:
+            outcome: object = (mnt / key).read_bytes()
+        except OSError as error:
+            outcome = error
+        ended[key] = outcome, time.monotonic()
+
+    readers = [threading.Thread(target=read_cold, args=(key,), daemon=True) for key in cold_keys]
+    for reader in readers:
+        reader.start()
+    time.sleep(0.5)  # every cold read is waiting on the store by now
+    assert (mnt / "d/warm.bin").read_bytes() == b"warm"
+    assert "warm.bin" in os.listdir(mnt / "d")
+    (mnt / "d/new.txt").write_bytes(b"new")
+    assert (mnt / "d/new.txt").read_bytes() == b"new"
+    served = time.monotonic()
+    for reader in readers:
+        reader.join(LIVENESS)
+    assert sorted(ended) == cold_keys
+    assert all(isinstance(outcome, OSError) and outcome.errno == errno.EIO
+               for outcome, _ in ended.values())
+    assert served < min(when for _, when in ended.values())
+
+
 def test_uploads_to_a_hung_store_time_out_and_are_retried(s3_server, bucket, s3_mount, proxy):
     mnt = s3_mount(*FAULT_ARGS, endpoint=proxy.endpoint)
     assert os.listdir(mnt) == []
