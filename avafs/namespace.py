@@ -19,12 +19,21 @@ blip must not make existing names read as absent). With no cached listing, a dir
 (not one that refused) reads as holding nothing the mount did not write itself: the guess
 that lets `mkdir` and creating files go on during an outage; the store's own entries appear
 when it answers again.
+
+A walk (`os.walk`, a dataset's class folders read one after another) lists a directory's
+subdirectories one by one in name order, each a round trip to the store. So when a directory
+is listed for a caller, the next LIST_AHEAD subdirectories after it in its parent's listing
+are fetched too, in the lister pool; the first caller of such a listing moves the window on
+(`_list_ahead`). A walk then waits for about one LIST in every LIST_AHEAD; what it costs a
+caller that stops early is that many LISTs more.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import errno
+import itertools
 import logging
 import math
 import threading
@@ -51,6 +60,12 @@ _LISTERS = 8
 """Listings fetched at once; more wait in the pool's queue, their callers bounded as ever."""
 STALE_WAIT = 1.0
 """Seconds a lookup waits for a fresh listing before it uses the stale one."""
+LIST_AHEAD = 8
+"""Subdirectories listed ahead of a walk (module docstring); at most the lister pool's size,
+so a caller's own listing queues behind no more than one window of them."""
+_AHEAD_SCAN = 64
+"""Entries after a directory in its parent's listing looked through for the subdirectories
+to list ahead: files between them are skipped, up to this many."""
 
 
 class ListingUnavailable(StoreError):
@@ -99,6 +114,8 @@ class _Listing:
     fetched_at: float
     entries: dict[str, Entry] = field(default_factory=dict)
     _ordered: list[Entry] | None = None
+    listed_ahead: bool = False
+    """Fetched ahead of a walk and not asked for since: its first caller moves the window."""
 
     @property
     def ordered(self) -> list[Entry]:
@@ -319,6 +336,9 @@ class Namespace:
         nothing is cached, StoreError when it refuses."""
         cached = self._fresh_store_listing(source, prefix)
         if cached is not None:
+            if cached.listed_ahead:
+                cached.listed_ahead = False
+                self._list_ahead(source, prefix)
             return cached
         slot = (source, prefix)
         with self._lock:
@@ -328,6 +348,7 @@ class Namespace:
                 loading = self._listers.submit(self._load_listing, slot)
                 self._listing_loads[slot] = (started, loading)
             stale = self._listings.get(slot)
+        self._list_ahead(source, prefix)
         short = stale is not None or self._created_here(source, prefix)
         wait = min(STALE_WAIT, self.store_wait) if short else self.store_wait
         wait -= self._clock() - started
@@ -355,17 +376,49 @@ class Namespace:
                             self._clock() - stale.fetched_at)
             return stale
 
+    def _list_ahead(self, source: str, prefix: str) -> None:
+        """Starts fetching the listings of the LIST_AHEAD subdirectories that follow `prefix`
+        in its parent's cached listing, those neither fresh nor being fetched; none while the
+        store is unreachable."""
+        if not prefix or self.stores[source].unreachable_since is not None:
+            return
+        parent_key = parent_prefix(prefix)
+        with self._lock:
+            parent = self._listings.get((source, parent_key))
+            if parent is None:
+                return
+            siblings = parent.ordered
+            position = bisect.bisect_right(siblings, prefix[len(parent_key):-1],
+                                           key=lambda entry: entry.name)
+            subdirectories = 0
+            for entry in itertools.islice(siblings, position, position + _AHEAD_SCAN):
+                if not entry.is_dir:
+                    continue
+                subdirectories += 1
+                if subdirectories > LIST_AHEAD:
+                    break
+                slot = (source, f"{parent_key}{entry.name}/")
+                listing = self._listings.get(slot)
+                if slot in self._listing_loads or (listing is not None
+                                                   and self.is_fresh(listing.fetched_at)):
+                    continue
+                self._listing_loads[slot] = (self._clock(),
+                                             self._listers.submit(self._load_listing, slot,
+                                                                  True))
+
     def _created_here(self, source: str, prefix: str) -> bool:
         """Whether this mount made the directory and has yet to upload its marker."""
         state = self.writeback.get(source, prefix) if self.writeback is not None else None
         return state is not None and state.kind != DELETED
 
-    def _load_listing(self, slot: tuple[str, str]) -> _Listing:
+    def _load_listing(self, slot: tuple[str, str], ahead: bool = False) -> _Listing:
         """Fetch and cache a listing (in the lister pool), with the uploads that settled in the
         directory while it was fetched applied over it; its fetch slot is freed however it
-        ends, so the next caller after a failure asks the store again."""
+        ends, so the next caller after a failure asks the store again. `ahead`: fetched
+        ahead of a walk (`_list_ahead`), no caller waiting yet."""
         try:
             listing = self._fetch_listing(*slot)
+            listing.listed_ahead = ahead
         except BaseException:
             with self._lock:
                 self._listing_loads.pop(slot, None)

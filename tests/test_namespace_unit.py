@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from local_writeback import LocalWriteSide, store_files
 
-from avafs.namespace import Refused
+from avafs.namespace import LIST_AHEAD, Namespace, Refused
 from avafs.stores.base import Listing
 from avafs.stores.local import LocalStore
 from avafs.writeback.pending import COPY, DATA, DELETED
@@ -178,6 +178,57 @@ def test_a_listing_asked_before_uploads_land_and_answered_after_shows_them(tmp_p
         assert side.read("d2/f") == b"stored"
     finally:
         side.close()
+
+
+class ListingsCounted(LocalStore):
+    """A local bucket that counts the listings asked of it, by prefix."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.listed: list[str] = []
+        self._lock = threading.Lock()
+
+    def list_dir(self, prefix: str) -> Listing:
+        with self._lock:
+            self.listed.append(prefix)
+        return super().list_dir(prefix)
+
+    def wait_for(self, prefixes: set[str]) -> None:
+        deadline = time.monotonic() + 10
+        while not prefixes <= set(self.listed):
+            assert time.monotonic() < deadline, f"never listed: {prefixes - set(self.listed)}"
+            time.sleep(0.01)
+
+
+def test_a_walk_finds_the_next_subdirectories_listed_ahead_of_it(tmp_path):
+    classes = [f"c{index:02d}" for index in range(3 * LIST_AHEAD)]
+    for name in classes:
+        (tmp_path / "tree" / name).mkdir(parents=True)
+        (tmp_path / "tree" / name / "sample.jpg").write_bytes(name.encode())
+        (tmp_path / "tree" / f"{name}.txt").write_bytes(b"a file between subdirectories")
+    store = ListingsCounted(tmp_path)
+    namespace = Namespace({"": store}, ttl=60.0)
+    namespace.listing("", "tree/")
+    namespace.listing("", "tree/c00/")
+    window = {f"tree/{name}/" for name in classes[1:1 + LIST_AHEAD]}
+    store.wait_for(window)
+    time.sleep(0.1)
+    assert set(store.listed) == {"tree/", "tree/c00/"} | window, "no further than the window"
+
+    namespace.listing("", "tree/c01/")  # listed ahead: asking for it moves the window on
+    store.wait_for({f"tree/{classes[1 + LIST_AHEAD]}/"})
+    time.sleep(0.1)
+    assert f"tree/{classes[2 + LIST_AHEAD]}/" not in store.listed, "one window, not two"
+    for name in classes[2:]:  # the rest of the walk, each directory listed once
+        listing = namespace.listing("", f"tree/{name}/")
+        assert [entry.name for entry in listing.ordered] == ["sample.jpg"]
+    assert sorted(store.listed) == ["tree/", *(f"tree/{name}/" for name in classes)]
+
+    store.listed.clear()
+    namespace.listing("", "tree/c00/")
+    namespace.listing("", "tree/c01/")
+    time.sleep(0.1)
+    assert store.listed == [], "fresh listings are not fetched ahead again"
 
 
 # --- random changes against a model ------------------------------------------------------------
