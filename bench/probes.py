@@ -9,6 +9,7 @@
     python3 bench/probes.py write-profile   # the daemon's CPU by library while 1 GiB is written
     python3 bench/probes.py small-writes    # 2000 small files until durable: CPU, thread switches
     python3 bench/probes.py walk        # find/stat of 20,000 entries: avafs vs local disk
+    python3 bench/probes.py first-walk  # a fresh mount's walk of 1,000 directories (listings)
 
 They measure what a change to avafs would buy before it is made: `ranges` shows what a
 larger fetch unit gives a sequential reader, `read-size` raises the mount's read-ahead
@@ -25,7 +26,10 @@ splits its CPU between the kernel, Python and the libraries (libcrypto: SigV4's 
 each part over plain HTTP; libz: the part's CRC32). `small-writes` writes 2000 small files
 through avafs until they are in the store and uploads as many directly, printing the daemon's
 CPU and context switches per file next to the ratio. `walk` is the benchmark's find/stat
-alone, with `--base` as for `reads`.
+alone, with `--base` as for `reads`. `first-walk` is the listing half of the ImageNet tree's
+first epoch: a walk of a fresh mount of 1,000 directories of 10 files, each a LIST, with
+`--base` as for `reads` and `--list-latency S` to have every LIST answered S seconds late (the
+tests' fault proxy between the mount and the store), as a distant store answers.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
+from urllib.parse import urlparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
@@ -55,6 +61,7 @@ from common import (  # noqa: E402
     timed,
     write_local,
 )
+from fault_proxy import FaultProxy  # noqa: E402  (tests/, on the path through s3server)
 from mounts import AvafsMount, cpu_seconds, unmount_everything  # noqa: E402
 from workloads import (  # noqa: E402
     TREE_ENTRIES,
@@ -287,6 +294,41 @@ def probe_walk(server: s3server.Store, workdir: Path) -> None:
     _print_medians(results)
 
 
+FIRST_WALK_DIRECTORIES = 1000
+FIRST_WALK_FILES = 10
+"""Files per directory in `first-walk`: the benchmark's ImageNet tree at --tree-files 10000."""
+
+
+def probe_first_walk(server: s3server.Store, workdir: Path) -> None:
+    """Seconds a walk (`os.walk`) of a fresh mount of FIRST_WALK_DIRECTORIES directories
+    takes, the daemon's CPU beside it; each avafs tree in turn, every round."""
+    names = [f"tree/c{directory:04d}/f{index:02d}" for directory in range(FIRST_WALK_DIRECTORIES)
+             for index in range(FIRST_WALK_FILES)]
+    s3server.put_empty(server.client(), names)
+    proxy = FaultProxy(urlparse(server.endpoint).port, latency=_ARGS.list_latency)
+    proxy.mode = "slow-list"
+    store = SimpleNamespace(endpoint=proxy.endpoint)
+    results: dict[str, list[float]] = {}
+    try:
+        for number in range(_ARGS.rounds):
+            for tree in _trees_in_turn(number):
+                shutil.rmtree(workdir / "cache", ignore_errors=True)
+                mount = AvafsMount(store, workdir / "mnt", 2**30, 10 * 2**30)
+                mount.mount(workdir / "cache")
+                before, started = cpu_seconds(mount.pid), time.perf_counter()
+                found = sum(len(files) for _, _, files in os.walk(mount.mountpoint / "tree"))
+                results.setdefault(f"{tree} walk s", []).append(time.perf_counter() - started)
+                results.setdefault(f"{tree} daemon CPU-s", []).append(
+                    cpu_seconds(mount.pid) - before)
+                mount.unmount()
+                if found != len(names):
+                    raise SystemExit(f"the walk found {found} files, expected {len(names)}")
+    finally:
+        proxy.close()
+    print(f"{FIRST_WALK_DIRECTORIES} directories, LISTs answered {_ARGS.list_latency:g} s late")
+    _print_medians(results)
+
+
 def _trees_in_turn(number: int) -> Iterator[str]:
     """The avafs trees round `number` mounts, by name: this one, and `--base`'s before it,
     in reverse order every other round. Each is put on the daemons' PYTHONPATH in its turn."""
@@ -469,7 +511,8 @@ def probe_small_writes(server: s3server.Store, workdir: Path) -> None:
 PROBES = {"ranges": probe_ranges, "read-size": probe_read_size, "requests": probe_requests,
           "reads": probe_reads, "pyfuse3-ceiling": probe_pyfuse3_ceiling,
           "writes": probe_writes, "write-profile": probe_write_profile,
-          "small-writes": probe_small_writes, "walk": probe_walk}
+          "small-writes": probe_small_writes, "walk": probe_walk,
+          "first-walk": probe_first_walk}
 
 
 def main() -> int:
@@ -479,11 +522,15 @@ def main() -> int:
     parser.add_argument("--store", choices=s3server.STORES, default=s3server.STORES[0],
                         help="the S3 server on loopback (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=ROUNDS,
-                        help="rounds of `reads` and `walk` (default: %(default)s)")
+                        help="rounds of `reads`, `walk` and `first-walk` (default: "
+                             "%(default)s)")
     parser.add_argument("--base", metavar="DIR",
-                        help="`reads` and `walk`: a tree holding another avafs package (such as "
-                             "`git archive main avafs | tar -x -C DIR`), mounted in every "
-                             "round beside this one")
+                        help="`reads`, `walk` and `first-walk`: a tree holding another avafs "
+                             "package (such as `git archive main avafs | tar -x -C DIR`), "
+                             "mounted in every round beside this one")
+    parser.add_argument("--list-latency", type=float, default=0.0, metavar="S",
+                        help="`first-walk` only: seconds each LIST is answered late "
+                             "(default: %(default)s)")
     parser.add_argument("--only", metavar="PHASES",
                         help=f"`reads` only: comma-separated phases of {', '.join(READ_PHASES)} "
                              "(default: all)")
