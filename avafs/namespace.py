@@ -23,7 +23,8 @@ when it answers again.
 A walk (`os.walk`, a dataset's class folders read one after another) lists a directory's
 subdirectories one by one in name order, each a round trip to the store. So when a directory
 is listed for a caller, the next LIST_AHEAD subdirectories after it in its parent's listing
-are fetched too, in the lister pool; the first caller of such a listing moves the window on
+are fetched too, by a pool of their own (a store that hangs holds up those threads, never a
+caller's own listing); the first caller of such a listing moves the window on
 (`_list_ahead`). A walk then waits for about one LIST in every LIST_AHEAD; what it costs a
 caller that stops early is that many LISTs more.
 """
@@ -61,8 +62,7 @@ _LISTERS = 8
 STALE_WAIT = 1.0
 """Seconds a lookup waits for a fresh listing before it uses the stale one."""
 LIST_AHEAD = 8
-"""Subdirectories listed ahead of a walk (module docstring); at most the lister pool's size,
-so a caller's own listing queues behind no more than one window of them."""
+"""Subdirectories listed ahead of a walk (module docstring), and the threads that list them."""
 _AHEAD_SCAN = 64
 """Entries after a directory in its parent's listing looked through for the subdirectories
 to list ahead: files between them are skipped, up to this many."""
@@ -198,6 +198,8 @@ class Namespace:
         self.store_wait = store_wait
         self._clock = clock
         self._listers = ThreadPoolExecutor(_LISTERS, thread_name_prefix="avafs-list")
+        self._ahead_listers = ThreadPoolExecutor(LIST_AHEAD,
+                                                 thread_name_prefix="avafs-list-ahead")
         self.on_changed: Callable[[str, str], None] = lambda source, key: None
         """Called with (source, key) when a settled upload changes a cached listing."""
         self._lock = threading.Lock()
@@ -403,8 +405,8 @@ class Namespace:
                                                    and self.is_fresh(listing.fetched_at)):
                     continue
                 self._listing_loads[slot] = (self._clock(),
-                                             self._listers.submit(self._load_listing, slot,
-                                                                  True))
+                                             self._ahead_listers.submit(self._load_listing,
+                                                                        slot, True))
 
     def _created_here(self, source: str, prefix: str) -> bool:
         """Whether this mount made the directory and has yet to upload its marker."""
