@@ -414,7 +414,7 @@ class Namespace:
         return state is not None and state.kind != DELETED
 
     def _load_listing(self, slot: tuple[str, str], ahead: bool = False) -> _Listing:
-        """Fetch and cache a listing (in the lister pool), with the uploads that settled in the
+        """Fetch and cache a listing (in a lister pool), with the uploads that settled in the
         directory while it was fetched applied over it; its fetch slot is freed however it
         ends, so the next caller after a failure asks the store again. `ahead`: fetched
         ahead of a walk (`_list_ahead`), no caller waiting yet."""
