@@ -284,8 +284,7 @@ def probe_walk(server: s3server.Store, workdir: Path) -> None:
             stat_tree(workdir / "local" / "tree", TREE_ENTRIES))
         for tree in _trees_in_turn(number):
             shutil.rmtree(workdir / "cache", ignore_errors=True)
-            mount = AvafsMount(server, workdir / "mnt", 2**30, 10 * 2**30)
-            mount.mount(workdir / "cache")
+            mount = _bench_mount(server, workdir)
             before = cpu_seconds(mount.pid)
             results.setdefault(f"{tree} entries/s", []).append(
                 stat_tree(mount.mountpoint / "tree", TREE_ENTRIES))
@@ -313,8 +312,7 @@ def probe_first_walk(server: s3server.Store, workdir: Path) -> None:
         for number in range(_ARGS.rounds):
             for tree in _trees_in_turn(number):
                 shutil.rmtree(workdir / "cache", ignore_errors=True)
-                mount = AvafsMount(store, workdir / "mnt", 2**30, 10 * 2**30)
-                mount.mount(workdir / "cache")
+                mount = _bench_mount(store, workdir)
                 before, started = cpu_seconds(mount.pid), time.perf_counter()
                 found = sum(len(files) for _, _, files in os.walk(mount.mountpoint / "tree"))
                 results.setdefault(f"{tree} walk s", []).append(time.perf_counter() - started)
