@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from contextlib import ExitStack, suppress
 from pathlib import Path
 from typing import Any
@@ -303,6 +304,11 @@ class Filesystem:
             self.writeback.close()
         self.stack.close()
 
+    async def close_on_loop(self) -> None:
+        """Close what the stores opened on the request loop (`get_range_async`), on it."""
+        for store in [*self.stores.values(), *self._other_origins.values()]:
+            await store.close_on_loop()
+
 
 def serve(options: MountOptions, mountpoint: Path, ready_fd: int | None) -> int:
     """Run a mount to completion; reports readiness or the failure on `ready_fd`.
@@ -346,7 +352,7 @@ def serve(options: MountOptions, mountpoint: Path, ready_fd: int | None) -> int:
         entry = mount_at(mountpoint)
         device = entry.device if entry is not None and entry.fstype == AVAFS_FSTYPE else None
         signalled = uvloop.run(_serve_until_done(ready_fd, mountpoint, options.block_size,
-                                                 device))
+                                                 device, filesystem.close_on_loop))
         # A signal after the mount left this namespace must not unmount whatever is at the
         # path by now (libfuse would detach it lazily, by name).
         pyfuse3.close(unmount=signalled and (device is None or device_mounted(device)))
@@ -374,8 +380,10 @@ def widen_kernel_read_ahead(mountpoint: Path, size: int) -> None:
 
 
 async def _serve_until_done(ready_fd: int | None, mountpoint: Path, block_size: int,
-                            device: str | None) -> bool:
-    """Serve requests; True if a signal ended the mount (so it may still be mounted).
+                            device: str | None,
+                            before_loop_ends: Callable[[], Awaitable[None]]) -> bool:
+    """Serve requests, then await `before_loop_ends`; True if a signal ended the mount (so
+    it may still be mounted).
 
     Ready is reported once the mount has answered a request of our own, so the INIT exchange
     is over and the mount command returns a mount that works.
@@ -428,7 +436,10 @@ async def _serve_until_done(ready_fd: int | None, mountpoint: Path, block_size: 
     if device is not None:
         threading.Thread(target=stop_once_unmounted_here, args=(device,), daemon=True,
                          name="avafs-mount-watch").start()
-    await pyfuse3.main()
+    try:
+        await pyfuse3.main()
+    finally:
+        await before_loop_ends()
     return signalled
 
 

@@ -4,6 +4,7 @@ moto: a botocore release that moves one fails here, by the internal's name."""
 from __future__ import annotations
 
 import logging
+import ssl
 
 import boto3
 import botocore
@@ -72,3 +73,27 @@ def test_a_moved_internal_turns_the_lean_path_off_loudly(client, bucket, caplog)
 
     assert "client._endpoint.http_session.send" in caplog.text
     assert lean.open("sample", 0, 10, "etag") is None, "every request goes through boto3"
+
+
+def test_a_connection_around_the_session_is_secured_as_the_sessions_own(monkeypatch):
+    """Plain HTTP and a client that verifies nothing need no TLS; HTTPS verifies against the
+    client's CA bundle; a proxy or a client certificate, which a connection around the
+    session would not use, rule such a connection out."""
+    monkeypatch.delenv("HTTPS_PROXY", raising=False)
+    monkeypatch.delenv("https_proxy", raising=False)
+    session = boto3.session.Session(region_name="us-east-1")
+    url = "https://s3.us-east-1.amazonaws.com/bucket/key"
+    verifying = session.client("s3")
+    unverified = session.client("s3", verify=False)
+    certified = session.client("s3", config=botocore.config.Config(
+        client_cert=("/nonexistent/cert.pem", "/nonexistent/key.pem")))
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    proxied = session.client("s3")
+
+    tls = botocore_adapter.direct_tls(verifying, url)
+    assert isinstance(tls, ssl.SSLContext) and tls.verify_mode == ssl.CERT_REQUIRED, \
+        _moved("http_session._verify")
+    assert botocore_adapter.direct_tls(verifying, "http://127.0.0.1:9000/bucket/key") is False
+    assert botocore_adapter.direct_tls(unverified, url) is False, _moved("http_session._verify")
+    assert botocore_adapter.direct_tls(certified, url) is None, _moved("http_session._cert_file")
+    assert botocore_adapter.direct_tls(proxied, url) is None, _moved("http_session._proxy_config")

@@ -3,22 +3,28 @@ for boto3 (the full client keeps retries, redirects and error messages)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import gc
 import hashlib
 import http.server
 import os
 import threading
 import time
+import warnings
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import boto3
 import botocore.exceptions
 import pytest
+import uvloop
 from botocore.config import Config
 from support import TEST_CREDENTIALS
 
-from avafs.errors import ObjectChangedError
+from avafs.errors import ObjectChangedError, StoreError
+from avafs.stores.base import StoreLimits
 from avafs.stores.s3.lean import Changed, LeanRequests
 from avafs.stores.s3.store import S3Store
 
@@ -157,3 +163,98 @@ def test_a_whole_get_whose_body_breaks_off_steps_aside_and_one_that_stalls_times
     assert lean.get_object("blocks/broken", 1000) is None
     with pytest.raises(botocore.exceptions.ReadTimeoutError):
         lean.get_object("blocks/stall", 1000)
+
+
+class _CountedThreads(ThreadPoolExecutor):
+    """A pool that counts what it is given to run."""
+
+    def __init__(self) -> None:
+        super().__init__(2)
+        self.submitted = 0
+
+    def submit(self, *args, **kwargs):
+        self.submitted += 1
+        return super().submit(*args, **kwargs)
+
+
+def test_a_get_from_the_loop_needs_no_thread_and_sees_the_object_change(s3_server, bucket):
+    store = S3Store(bucket, "data", s3_server.endpoint, "us-east-1")
+    client = s3_server.client()
+    data = os.urandom(100_000)
+    client.put_object(Bucket=bucket, Key="data/sample", Body=data)
+    info = store.head("sample")
+    store.list_dir("")  # the lean path knows the bucket's URL from here on
+    threads = _CountedThreads()
+    requests = len(s3_server.requests())
+
+    async def read_twice() -> bytes:
+        first = await store.get_range_async("sample", 10, 1000, info.etag, threads)
+        client.put_object(Bucket=bucket, Key="data/sample", Body=b"rewritten")
+        with pytest.raises(ObjectChangedError):
+            await store.get_range_async("sample", 0, 10, info.etag, threads)
+        await store.close_on_loop()
+        return first
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = uvloop.run(read_twice())
+        gc.collect()
+
+    assert first == data[10:1010]
+    assert threads.submitted == 0
+    assert len(s3_server.requests()) == requests + 3, "one GET each (and the PUT)"
+    assert not [warning for warning in caught if "nclosed" in str(warning.message)]
+    threads.shutdown()
+
+
+def test_a_get_asked_on_another_loop_runs_in_a_thread(s3_server, bucket):
+    """The loop's connections belong to the first loop that sent a GET."""
+    store = S3Store(bucket, "", s3_server.endpoint, "us-east-1")
+    s3_server.client().put_object(Bucket=bucket, Key="sample", Body=b"0123456789")
+    info = store.head("sample")
+    store.list_dir("")
+    threads = _CountedThreads()
+
+    async def read() -> bytes:
+        return await store.get_range_async("sample", 2, 5, info.etag, threads)
+
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop.run_until_complete(read()) == b"23456"
+        assert threads.submitted == 0
+        assert uvloop.run(read()) == b"23456"
+        assert threads.submitted == 1
+    finally:
+        loop.run_until_complete(store.close_on_loop())
+        loop.close()
+        threads.shutdown()
+
+
+@pytest.mark.parametrize("mode", ["hang", "reset", "503"])
+def test_a_get_from_the_loop_fails_as_a_threads_get_does(s3_server, bucket, proxy, mode):
+    """A failed GET sent from the loop counts as the read's first try: the tries after it
+    run in a thread, and the read fails with the same error within the same bound."""
+    limits = StoreLimits(timeout=1.0)
+    store = S3Store(bucket, "", proxy.endpoint, "us-east-1", limits=limits)
+    s3_server.client().put_object(Bucket=bucket, Key="sample", Body=os.urandom(50_000))
+    info = store.head("sample")
+    store.list_dir("")
+    threads = _CountedThreads()
+    proxy.mode = mode
+
+    async def read() -> tuple[Exception, float]:
+        started = time.monotonic()
+        with pytest.raises(StoreError) as failed:
+            await store.get_range_async("sample", 0, 50_000, info.etag, threads)
+        await store.close_on_loop()
+        return failed.value, time.monotonic() - started
+
+    error, seconds = uvloop.run(read())
+    with pytest.raises(StoreError) as in_threads:
+        S3Store(bucket, "", proxy.endpoint, "us-east-1", limits=limits).get_range(
+            "sample", 0, 50_000, info.etag)
+
+    assert str(error) == str(in_threads.value)
+    assert threads.submitted == 1
+    assert seconds < 2 * limits.for_size(2**20) + 1.0
+    threads.shutdown()

@@ -2,13 +2,16 @@
 
 It is deliberately small (list one directory level, stat a key, read a byte range) so that a
 new backend is a short module, and every backend is exercised by the same mount tests.
-Methods block; callers run them in worker threads, never on the FUSE loop.
+Methods block; callers run them in worker threads, never on the FUSE loop, except the two
+whose names say they are for the loop (`get_range_async`, `close_on_loop`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import io
 from abc import ABC, abstractmethod
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -131,6 +134,18 @@ class ObjectStore(ABC):
 
         Raises ObjectChangedError if the object is no longer that version.
         """
+
+    async def get_range_async(self, key: str, start: int, length: int, etag: str,
+                              threads: Executor) -> bytes:
+        """`get_range` for a caller on an asyncio loop, which it never blocks: in one of
+        `threads`, unless the store can send the request from the loop itself."""
+        return await asyncio.wrap_future(threads.submit(self.get_range, key, start, length,
+                                                        etag))
+
+    async def close_on_loop(self) -> None:
+        """Release what `get_range_async` opened on the loop; called on that loop, as it
+        ends. A store that sends nothing from the loop has nothing to release."""
+        return
 
     def open_range(self, key: str, start: int, length: int, etag: str) -> BinaryIO:
         """A stream of `length` bytes from `start` of version `etag`, for sequential readers:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import BinaryIO, TypeVar
 
 from ..errors import ObjectChangedError, StoreError
@@ -63,6 +64,20 @@ class InstrumentedStore(ObjectStore, MultipartUploads):
 
     def get_range(self, key: str, start: int, length: int, etag: str) -> bytes:
         return self._timed("get", lambda: self.inner.get_range(key, start, length, etag))
+
+    async def get_range_async(self, key: str, start: int, length: int, etag: str,
+                              threads: Executor) -> bytes:
+        started = time.perf_counter()
+        try:
+            result = await self.inner.get_range_async(key, start, length, etag, threads)
+        except Exception as error:
+            self._record("get", started, error)
+            raise
+        self._record("get", started)
+        return result
+
+    async def close_on_loop(self) -> None:
+        await self.inner.close_on_loop()
 
     def open_range(self, key: str, start: int, length: int, etag: str) -> BinaryIO:
         return self._timed("get", lambda: self.inner.open_range(key, start, length, etag))

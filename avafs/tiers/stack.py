@@ -117,8 +117,9 @@ class TierStack:
 
         1. an object of one small block (INLINE_DISK_READ) in RAM or the disk tier: read
            here, on the loop;
-        2. such an object in neither tier: its one GET in a worker thread, the rest on the
-           loop (`_fetch_small`);
+        2. such an object in neither tier: its one GET from the loop where the store can
+           send it so (`get_range_async`), else in a worker thread, the rest on the loop
+           (`_fetch_small`);
         3. a larger object first takes its reader's read-ahead into account, which may start
            a stream (never blocks); then every block in RAM: sliced here, on the loop;
         4. anything else: `read` in one of the caller's `threads` (its pool for every
@@ -198,9 +199,10 @@ class TierStack:
 
     async def _fetch_small(self, ref: ObjectRef, offset: int, size: int) -> bytes | None:
         """The bytes of a one-block object that neither tier holds (`_read_small` said None):
-        only the GET goes to a fetch thread, and the block is cached from the caller's
-        loop, which costs less than the whole of `read` in a thread (BENCHMARKS.md, "The
-        layout step"). None when the block got cached or began loading meanwhile, or no fetch
+        the GET is the store's `get_range_async` (sent from the loop itself where the store
+        can, else from a fetch thread), and the block is cached from the caller's loop,
+        which costs less than the whole of `read` in a thread (BENCHMARKS.md, "The layout
+        step"). None when the block got cached or began loading meanwhile, or no fetch
         slot is free: then `read`, in a thread, waits for it. The block stays small
         (INLINE_DISK_READ) because its disk write happens on the loop. With a cluster tier,
         whose requests block, None: `read` looks there first, in a thread."""
@@ -217,9 +219,9 @@ class TierStack:
             self._loading[block] = future
         try:
             # The fetch pool has a thread for every slot, so this GET, which holds one, is
-            # never queued behind work waiting for it.
-            data = await asyncio.wrap_future(self._executor.submit(
-                ref.store.get_range, ref.key, 0, ref.size, ref.etag))
+            # never queued behind work waiting for it where it runs in the pool.
+            data = await ref.store.get_range_async(ref.key, 0, ref.size, ref.etag,
+                                                   self._executor)
             self._fetched(block, future, data)
         except BaseException as error:
             # Readers waiting in threads get a plain error, never the loop's CancelledError.

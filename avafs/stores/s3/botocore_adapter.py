@@ -11,6 +11,9 @@ What it reaches into, and why:
   urllib3 response read as a stream.
 - `StreamingBody._raw_stream`, the urllib3 response under a boto3 GET's body: the data reads
   enforce a deadline on it (deadlines.py).
+- the session's `_verify`, `_cert_file` and `_proxy_config`: the GETs sent from the request
+  loop (loop_get.py) verify the store's certificate against the same CA bundle, and are not
+  sent where the session would present a client certificate or go through a proxy.
 
 None of this is a promised interface, so a botocore release may move any of it. When it
 does, `moved_internals` names what moved, and the caller turns the lean path off for the
@@ -22,9 +25,11 @@ that changed shape fails there by name before any user sees the warning.
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 from botocore.awsrequest import AWSPreparedRequest
+from botocore.httpsession import get_cert_path
 
 
 def moved_internals(client: Any) -> list[str]:
@@ -38,7 +43,12 @@ def moved_internals(client: Any) -> list[str]:
         return ["client._endpoint.http_session"]
     if not callable(getattr(session, "send", None)):
         return ["client._endpoint.http_session.send"]
-    return []
+    return [f"client._endpoint.http_session.{name}"
+            for name, present in (("_verify", hasattr(session, "_verify")),
+                                  ("_proxy_config.proxy_url_for", callable(getattr(
+                                      getattr(session, "_proxy_config", None), "proxy_url_for",
+                                      None))))
+            if not present]
 
 
 def prepared(method: str, url: str, headers: dict[str, str], data: bytes | None = None,
@@ -58,3 +68,17 @@ def send(client: Any, prepared: Any) -> Any:
 def raw_stream(body: Any) -> Any:
     """The urllib3 response under a boto3 `StreamingBody`."""
     return body._raw_stream
+
+
+def direct_tls(client: Any, url: str) -> ssl.SSLContext | bool | None:
+    """How a connection to `url` that bypasses the client's session must be secured to be
+    what the session's own would be: False for plain HTTP or where the client verifies no
+    certificate, else a context that verifies against the client's CA bundle. None where
+    the session's own connection would present a client certificate or go through a proxy,
+    which a bypass does not reproduce."""
+    session = client._endpoint.http_session
+    if getattr(session, "_cert_file", None) or session._proxy_config.proxy_url_for(url):
+        return None
+    if not url.startswith("https:") or session._verify is False:
+        return False
+    return ssl.create_default_context(cafile=get_cert_path(session._verify))

@@ -32,6 +32,7 @@ import urllib3.exceptions
 
 from ..base import ObjectInfo
 from . import botocore_adapter, sigv4
+from .loop_get import LoopGets
 
 log = logging.getLogger(__name__)
 
@@ -97,10 +98,9 @@ class LeanRequests:
         base = self._bucket_url()
         if base is None:
             return None
-        response = self._send(
-            "GET", base + quote(key, safe="/~"),
-            {"Range": f"bytes={start}-{start + length - 1}", "If-Match": f'"{etag}"'},
-            size=length, stream_output=True, transport_errors=True)
+        response = self._send("GET", base + quote(key, safe="/~"),
+                              _range_headers(start, length, etag), size=length,
+                              stream_output=True, transport_errors=True)
         raw = response.raw
         if _whole_range(response.status_code, response.headers, length):
             return raw
@@ -108,6 +108,26 @@ class LeanRequests:
         if response.status_code in CHANGED:
             raise Changed()
         return None
+
+    async def get_on_loop(self, gets: LoopGets, key: str, start: int, length: int, etag: str,
+                          seconds: float) -> bytes | None:
+        """The `open` request sent from the running loop through `gets` and read whole
+        within `seconds`: bytes [start, start+length) of this version, or None when the full
+        path should handle the request (this loop cannot send it, signing would first
+        renew the credentials, or the answer is not the expected one). Raises Changed for
+        a gone version, TimeoutError and aiohttp.ClientError for a failed transfer."""
+        if self._base is None or self._signer.would_refresh():
+            return None
+        url = self._base + quote(key, safe="/~")
+        answer = await gets.get(url, self._signer.headers("GET", url, _range_headers(
+            start, length, etag), None), seconds)
+        if answer is None:
+            return None
+        status, headers, body = answer
+        self._note_status(status)
+        if status in CHANGED:
+            raise Changed()
+        return body if _whole_range(status, headers, length) and len(body) == length else None
 
     def get_object(self, key: str, size: int) -> tuple[bytes, dict[str, str]] | None:
         """The whole object `key` (of about `size` bytes) and its user metadata, named as
@@ -223,6 +243,10 @@ def _read_body(raw, url: str) -> bytes | None:
         raise botocore.exceptions.ReadTimeoutError(endpoint_url=url, error=error) from None
     except (urllib3.exceptions.HTTPError, OSError):
         return None
+
+
+def _range_headers(start: int, length: int, etag: str) -> dict[str, str]:
+    return {"Range": f"bytes={start}-{start + length - 1}", "If-Match": f'"{etag}"'}
 
 
 def _whole_range(status: int, headers, length: int) -> bool:

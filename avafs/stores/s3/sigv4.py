@@ -75,6 +75,13 @@ class Signer:
                                    f"SignedHeaders={signed_names}, Signature={signature}")
         return signed
 
+    def would_refresh(self) -> bool:
+        """Whether signing now would first renew the credentials, a call to their provider
+        (an instance role, STS) that blocks: a caller that must not block signs later or
+        elsewhere. Static credentials never renew."""
+        refresh_needed = getattr(self._credentials, "refresh_needed", None)
+        return refresh_needed is not None and refresh_needed()
+
     def _signing_key(self, secret: str, day: str) -> bytes:
         cached_secret, cached_day, key = self._key
         if cached_secret != secret or cached_day != day:

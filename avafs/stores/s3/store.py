@@ -12,16 +12,19 @@ the endpoint and the error code only.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Executor
 from dataclasses import replace
 from typing import BinaryIO
 from urllib.parse import urlsplit
 
+import aiohttp
 import boto3
 import botocore.exceptions
 import urllib3.exceptions
@@ -35,6 +38,7 @@ from ..metadata import Attrs
 from . import botocore_adapter
 from .deadlines import DeadlineBody, DeadlinePassed, Deadlines
 from .lean import Changed, LeanRequests, sends_crc32
+from .loop_get import LoopGets
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +137,7 @@ class S3Store(ObjectStore, MultipartUploads):
             retries={"mode": "standard", "total_max_attempts": 3},
             connect_timeout=limits.timeout, read_timeout=limits.timeout), **self._common)
         self._lean = LeanRequests(self._sized, self._session.get_credentials(), bucket)
+        self._loop_gets = LoopGets(self._client, max_connections)
 
     def _sized(self, size: int, attempts: int = 0):
         """The client whose timeouts suit a request carrying `size` bytes (StoreLimits): the
@@ -163,7 +168,8 @@ class S3Store(ObjectStore, MultipartUploads):
             return (f"no AWS credentials found for {self.url}: set AWS_ACCESS_KEY_ID and "
                     "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or an instance role")
         if isinstance(error, (botocore.exceptions.EndpointConnectionError,
-                              botocore.exceptions.ConnectTimeoutError)):
+                              botocore.exceptions.ConnectTimeoutError,
+                              aiohttp.ClientConnectorError)):
             return (f"cannot reach S3 endpoint {self.endpoint}: check --endpoint-url and that "
                     "the server is up")
         if isinstance(error, botocore.exceptions.ClientError):
@@ -255,25 +261,68 @@ class S3Store(ObjectStore, MultipartUploads):
         (--store-timeout + max(N, 1 MiB)/--store-min-rate), while a body that broke off
         quickly is asked for again."""
         wanted = (key, start, length, etag)
+        self._raise_recent_failure(wanted)
+        limit = self._limits.for_size(_size_class(length))
+        return self._tries(wanted, limit, time.monotonic() + _READ_BUDGET * limit)
+
+    async def get_range_async(self, key: str, start: int, length: int, etag: str,
+                              threads: Executor) -> bytes:
+        """`get_range` whose first try is sent from the running loop (loop_get.py) where it
+        can be; the tries after a failed one, and every try of a GET the loop cannot send,
+        run in one of `threads`, within the same bound as `get_range`'s."""
+        wanted = (key, start, length, etag)
+        self._raise_recent_failure(wanted)
+        limit = self._limits.for_size(_size_class(length))
+        end = time.monotonic() + _READ_BUDGET * limit
+        try:
+            data = await self._lean.get_on_loop(self._loop_gets, self.prefix + key, start,
+                                                length, etag, limit)
+        except Changed:
+            raise self._changed(key) from None
+        except TimeoutError:
+            failed = StoreError(self._late(key, length, limit))
+        except aiohttp.ClientError as error:
+            failed = self._failure(error, f"GET of {key!r}")
+        else:
+            if data is not None:
+                return data
+            return await asyncio.wrap_future(threads.submit(self._tries, wanted, limit, end))
+        await asyncio.sleep(self._next_try_in(wanted, failed, 0, limit, end))
+        return await asyncio.wrap_future(threads.submit(self._tries, wanted, limit, end, 1))
+
+    async def close_on_loop(self) -> None:
+        await self._loop_gets.close()
+
+    def _raise_recent_failure(self, wanted: tuple[str, int, int, str]) -> None:
         failed = self._failed_reads.get(wanted)
         if failed is not None and time.monotonic() < failed[0]:
             raise failed[1]
-        limit = self._limits.for_size(_size_class(length))
-        end = time.monotonic() + _READ_BUDGET * limit
-        for attempt in range(_READ_TRIES):
+
+    def _tries(self, wanted: tuple[str, int, int, str], limit: float, end: float,
+               first: int = 0) -> bytes:
+        """Tries `first` and on of one data read, which must end by `end` (monotonic)."""
+        key, start, length, etag = wanted
+        for attempt in range(first, _READ_TRIES):
             try:
                 return self._get_once(key, start, length, etag,
                                       min(limit, end - time.monotonic()))
             except ObjectChangedError:
                 raise
             except StoreError as error:
-                left = end - time.monotonic()
-                if error.permanent or attempt == _READ_TRIES - 1 or left < 0.2 * limit:
-                    self._remember_failure(wanted, error)
-                    raise
-                log.warning("retrying read of %s%r: %s", self.url, key, error)
-                time.sleep(min(0.1 * 2**attempt, left / 4))
+                time.sleep(self._next_try_in(wanted, error, attempt, limit, end))
         raise AssertionError("unreachable")
+
+    def _next_try_in(self, wanted: tuple[str, int, int, str], error: StoreError, attempt: int,
+                     limit: float, end: float) -> float:
+        """Seconds to wait before the try after `attempt`, which failed with `error`; raises
+        `error` instead, remembering it (_FAILED_READ_MEMORY), where the read may not be
+        tried again: a permanent error, the last try, or too little of its time left."""
+        left = end - time.monotonic()
+        if error.permanent or attempt == _READ_TRIES - 1 or left < 0.2 * limit:
+            self._remember_failure(wanted, error)
+            raise error
+        log.warning("retrying read of %s%r: %s", self.url, wanted[0], error)
+        return min(0.1 * 2**attempt, left / 4)
 
     def _remember_failure(self, wanted: tuple[str, int, int, str], error: StoreError) -> None:
         now = time.monotonic()
@@ -296,6 +345,9 @@ class S3Store(ObjectStore, MultipartUploads):
                              "bytes early")
         return data
 
+    def _changed(self, key: str) -> ObjectChangedError:
+        return ObjectChangedError(f"{self.url}{key} changed or vanished while being read")
+
     def _late(self, key: str, length: int, seconds: float) -> str:
         return (f"S3 endpoint {self.endpoint} did not send the {length} bytes of {key!r} in "
                 f"time ({seconds:.1f}s: --store-timeout plus the size at --store-min-rate): "
@@ -313,8 +365,7 @@ class S3Store(ObjectStore, MultipartUploads):
         try:
             raw = self._lean.open(self.prefix + key, start, length, etag)
         except Changed:
-            raise ObjectChangedError(f"{self.url}{key} changed or vanished while being read") \
-                from None
+            raise self._changed(key) from None
         except botocore.exceptions.BotoCoreError as error:
             raise self._failure(error, f"GET of {key!r}") from None
         if raw is None:
@@ -324,8 +375,7 @@ class S3Store(ObjectStore, MultipartUploads):
                     Range=f"bytes={start}-{start + length - 1}")
             except botocore.exceptions.ClientError as error:
                 if _code(error) in ("PreconditionFailed", "412", "NoSuchKey", "404"):
-                    raise ObjectChangedError(
-                        f"{self.url}{key} changed or vanished while being read") from None
+                    raise self._changed(key) from None
                 raise self._failure(error, f"GET of {key!r}") from None
             except botocore.exceptions.BotoCoreError as error:
                 raise self._failure(error, f"GET of {key!r}") from None
