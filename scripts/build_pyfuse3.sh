@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds pyfuse3 3.5.0 with third_party/pyfuse3/avafs.patch (FileInfo.noflush, a read sent
 # without an open given the inode, its asyncio mode's request loop and failures, and opendir's
-# FileInfo with cache_readdir) as a wheel, versioned 3.5.0+avafs5 so that pip prefers it to
+# FileInfo with cache_readdir) as a wheel, versioned 3.5.0+avafs6 so that pip prefers it to
 # PyPI's 3.5.0 when both are offered.
 #
 #   scripts/build_pyfuse3.sh install      # build it and install it (skipped if installed)
@@ -14,7 +14,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 version=3.5.0
-local_version="$version+avafs5"
+local_version="$version+avafs6"
 mode="${1:-install}"
 
 installed="$(python3 -c 'import importlib.metadata as m; print(m.version("pyfuse3"))' \
