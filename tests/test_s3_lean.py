@@ -118,12 +118,18 @@ def test_a_put_carries_the_body_checksum_botocore_would_send(s3_server, bucket, 
     assert head.get("ChecksumCRC32") == (crc if calculation == "when_supported" else None)
 
 
-def test_a_lean_ranged_get_gets_the_bytes_and_sees_the_object_change(s3_server, bucket):
+def _store_with_sample(s3_server, bucket: str):
+    """A store on the bucket's "data/" prefix, with 100,000 random bytes as "sample": the
+    store, a boto3 client, the bytes and the sample's ObjectInfo."""
     store = S3Store(bucket, "data", s3_server.endpoint, "us-east-1")
     client = s3_server.client()
     data = os.urandom(100_000)
     client.put_object(Bucket=bucket, Key="data/sample", Body=data)
-    info = store.head("sample")
+    return store, client, data, store.head("sample")
+
+
+def test_a_lean_ranged_get_gets_the_bytes_and_sees_the_object_change(s3_server, bucket):
+    store, client, data, info = _store_with_sample(s3_server, bucket)
     requests = len(s3_server.requests())
 
     first = store.get_range("sample", 10, 1000, info.etag)
@@ -178,11 +184,7 @@ class _CountedThreads(ThreadPoolExecutor):
 
 
 def test_a_get_from_the_loop_needs_no_thread_and_sees_the_object_change(s3_server, bucket):
-    store = S3Store(bucket, "data", s3_server.endpoint, "us-east-1")
-    client = s3_server.client()
-    data = os.urandom(100_000)
-    client.put_object(Bucket=bucket, Key="data/sample", Body=data)
-    info = store.head("sample")
+    store, client, data, info = _store_with_sample(s3_server, bucket)
     store.list_dir("")  # the lean path knows the bucket's URL from here on
     threads = _CountedThreads()
     requests = len(s3_server.requests())
