@@ -26,6 +26,7 @@ from support import TEST_CREDENTIALS
 from avafs.errors import ObjectChangedError, StoreError
 from avafs.stores.base import StoreLimits
 from avafs.stores.s3.lean import Changed, LeanRequests
+from avafs.stores.s3.loop_get import LoopGets
 from avafs.stores.s3.store import S3Store
 
 
@@ -260,3 +261,20 @@ def test_a_get_from_the_loop_fails_as_a_threads_get_does(s3_server, bucket, prox
     assert threads.submitted == 1
     assert seconds < 2 * limits.for_size(2**20) + 1.0
     threads.shutdown()
+
+
+def test_a_ca_bundle_that_does_not_load_leaves_the_get_to_a_thread(s3_server, bucket,
+                                                                   monkeypatch, tmp_path):
+    """The store's own session reports the missing bundle; the loop does not fail the read
+    with an error of its own."""
+    monkeypatch.setenv("AWS_CA_BUNDLE", str(tmp_path / "absent.pem"))
+    client = boto3.session.Session(region_name="us-east-1").client(
+        "s3", endpoint_url="https://127.0.0.1:1")
+    gets = LoopGets(client, 4)
+
+    async def get() -> object:
+        answer = await gets.get("https://127.0.0.1:1/bucket/key", {}, 1.0)
+        await gets.close()
+        return answer
+
+    assert uvloop.run(get()) is None

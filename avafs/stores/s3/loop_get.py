@@ -10,7 +10,8 @@ request loop").
 The session belongs to the loop it was opened on, the first GET's, and is closed there
 (`close`), as the loop ends; a GET asked on another loop answers None, and the caller sends
 it from a thread as before. So does a GET the client's own session would send through a
-proxy or with a client certificate (botocore_adapter.direct_tls). What is sent is the lean
+proxy or with a client certificate (botocore_adapter.direct_tls), or over HTTPS with a CA
+bundle that does not load. What is sent is the lean
 path's request (lean.py), signed by the same signer, and only its expected answer is taken:
 the caller decides what any other means.
 """
@@ -18,12 +19,15 @@ the caller decides what any other means.
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 from typing import Any
 
 import aiohttp
 
 from . import botocore_adapter
+
+log = logging.getLogger(__name__)
 
 
 class LoopGets:
@@ -51,7 +55,13 @@ class LoopGets:
             return None
         scheme = url.partition(":")[0]
         if scheme not in self._tls:
-            self._tls[scheme] = botocore_adapter.direct_tls(self._client, url)
+            try:
+                self._tls[scheme] = botocore_adapter.direct_tls(self._client, url)
+            except (OSError, ssl.SSLError) as error:
+                # The client's CA bundle cannot be loaded: its own session will say so, in
+                # the thread every GET goes to from now on.
+                log.info("GETs stay in threads: the CA bundle did not load (%s)", error)
+                self._tls[scheme] = None
         tls = self._tls[scheme]
         return None if tls is None else (self._session, tls)
 
