@@ -259,7 +259,7 @@ def test_a_get_from_the_loop_fails_as_a_threads_get_does(s3_server, bucket, prox
 
     assert str(error) == str(in_threads.value)
     assert threads.submitted == 1
-    assert seconds < 2 * limits.for_size(2**20) + 1.0
+    assert seconds < 2 * limits.for_size(2**20) + 2.0  # two tries, and thread scheduling
     threads.shutdown()
 
 
