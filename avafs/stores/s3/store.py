@@ -261,9 +261,7 @@ class S3Store(ObjectStore, MultipartUploads):
         (--store-timeout + max(N, 1 MiB)/--store-min-rate), while a body that broke off
         quickly is asked for again."""
         wanted = (key, start, length, etag)
-        self._raise_recent_failure(wanted)
-        limit = self._limits.for_size(_size_class(length))
-        return self._tries(wanted, limit, time.monotonic() + _READ_BUDGET * limit)
+        return self._tries(wanted, *self._read_bounds(wanted))
 
     async def get_range_async(self, key: str, start: int, length: int, etag: str,
                               threads: Executor) -> bytes:
@@ -271,9 +269,8 @@ class S3Store(ObjectStore, MultipartUploads):
         can be; the tries after a failed one, and every try of a GET the loop cannot send,
         run in one of `threads`, within the same bound as `get_range`'s."""
         wanted = (key, start, length, etag)
-        self._raise_recent_failure(wanted)
-        limit = self._limits.for_size(_size_class(length))
-        end = time.monotonic() + _READ_BUDGET * limit
+        limit, end = self._read_bounds(wanted)
+        failed: StoreError | None = None
         try:
             data = await self._lean.get_on_loop(self._loop_gets, self.prefix + key, start,
                                                 length, etag, limit)
@@ -286,17 +283,24 @@ class S3Store(ObjectStore, MultipartUploads):
         else:
             if data is not None:
                 return data
-            return await asyncio.wrap_future(threads.submit(self._tries, wanted, limit, end))
-        await asyncio.sleep(self._next_try_in(wanted, failed, 0, limit, end))
-        return await asyncio.wrap_future(threads.submit(self._tries, wanted, limit, end, 1))
+        first = 0
+        if failed is not None:
+            await asyncio.sleep(self._next_try_in(wanted, failed, 0, limit, end))
+            first = 1
+        return await asyncio.wrap_future(threads.submit(self._tries, wanted, limit, end, first))
 
     async def close_on_loop(self) -> None:
         await self._loop_gets.close()
 
-    def _raise_recent_failure(self, wanted: tuple[str, int, int, str]) -> None:
+    def _read_bounds(self, wanted: tuple[str, int, int, str]) -> tuple[float, float]:
+        """(the limit of one try, the monotonic time all tries must end by) of a data read;
+        raises its error instead while the same read failed moments ago
+        (_FAILED_READ_MEMORY)."""
         failed = self._failed_reads.get(wanted)
         if failed is not None and time.monotonic() < failed[0]:
             raise failed[1]
+        limit = self._limits.for_size(_size_class(wanted[2]))
+        return limit, time.monotonic() + _READ_BUDGET * limit
 
     def _tries(self, wanted: tuple[str, int, int, str], limit: float, end: float,
                first: int = 0) -> bytes:
