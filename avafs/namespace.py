@@ -66,6 +66,9 @@ LIST_AHEAD = 8
 _AHEAD_SCAN = 64
 """Entries after a directory in its parent's listing looked through for the subdirectories
 to list ahead: files between them are skipped, up to this many."""
+RETIRED_INODES = 100_000
+"""Inode numbers of forgotten entries kept for their names (`Namespace.forget`); past it the
+oldest are dropped, and those names get new numbers when they are looked up again."""
 
 
 class ListingUnavailable(StoreError):
@@ -205,6 +208,11 @@ class Namespace:
         self._lock = threading.Lock()
         self._nodes: dict[int, Node] = {}
         self._children: dict[tuple[int, str], int] = {}
+        self._retired: dict[tuple[int, str], tuple[int, bool]] = {}
+        """(parent inode, name) -> (inode, is a directory) of entries the kernel forgot, in
+        the order it forgot them: the kernel's copy of a directory read to its end
+        (`cache_readdir`) still names them with these numbers, and keeps naming them while
+        the directory is unchanged, so a name looked up again gets its number back."""
         self._next_inode = ROOT_INODE + 1
         self._listings: dict[tuple[str, str], _Listing] = {}
         self._listing_loads: dict[tuple[str, str], tuple[float, Future[_Listing]]] = {}
@@ -241,8 +249,12 @@ class Namespace:
             return node
 
     def _new_node(self, parent: Node, entry: Entry) -> Node:
-        inode = self._next_inode
-        self._next_inode += 1
+        retired = self._retired.pop((parent.inode, entry.name), None)
+        if retired is not None and retired[1] == entry.is_dir and retired[0] not in self._nodes:
+            inode = retired[0]
+        else:
+            inode = self._next_inode
+            self._next_inode += 1
         if parent.inode == ROOT_INODE and not self.single_source:
             source, key = entry.name, ""
         else:
@@ -265,8 +277,12 @@ class Namespace:
                 del self._children[(node.parent, node.name)]
 
     def forget(self, inode: int, count: int) -> bool:
-        """Takes back `count` kernel lookups; whether the inode is gone now (inode numbers are
-        never reused, so whatever a caller keeps per inode can go with it)."""
+        """Takes back `count` kernel lookups; whether the inode is gone now, so whatever a
+        caller keeps per inode can go with it. An inode number comes back only for the name
+        it had in the same directory (`_retired`), and only once the kernel forgot it: the
+        kernel's cached listing of the directory may name the entry with it, and a lookup
+        that gave the name a new number would contradict that listing. A name deleted or
+        renamed over (`detach`) gives its number to no one."""
         with self._lock:
             node = self._nodes.get(inode)
             if node is None or inode == ROOT_INODE:
@@ -276,6 +292,9 @@ class Namespace:
                 del self._nodes[inode]
                 if self._children.get((node.parent, node.name)) == inode:
                     del self._children[(node.parent, node.name)]
+                    self._retired[(node.parent, node.name)] = (inode, node.is_dir)
+                    if len(self._retired) > RETIRED_INODES:
+                        del self._retired[next(iter(self._retired))]
                 return True
             return False
 

@@ -35,6 +35,35 @@ def test_lookups_come_from_the_cached_listing_negative_ones_too(side):
     assert side.namespace.lookup(train, "b.jpg").info.size == 1
 
 
+def test_a_name_the_kernel_forgot_gets_its_inode_back_and_a_deleted_one_gives_it_to_no_one(side):
+    """The kernel's cached copy of a directory read to its end names each entry with the inode
+    it had; after the kernel forgets an entry, looking the name up again must give that same
+    number, or the cached listing and stat() disagree. A name deleted meanwhile does not hand
+    its number to whatever takes the name next, nor does a file to a directory."""
+    for name in ("a.bin", "b.bin"):
+        (side.bucket / "d" / name).parent.mkdir(exist_ok=True)
+        (side.bucket / "d" / name).write_bytes(b"x")
+    d = side.directory_node("d")
+    first = {name: side.namespace.lookup(d, name).inode for name in ("a.bin", "b.bin")}
+
+    assert side.namespace.forget(first["a.bin"], 1)
+    assert side.namespace.lookup(d, "a.bin").inode == first["a.bin"]
+
+    detached = side.namespace.lookup(d, "b.bin")
+    assert detached.inode == first["b.bin"]
+    side.namespace.detach(detached)
+    assert side.namespace.forget(first["b.bin"], 2)
+    assert side.namespace.lookup(d, "b.bin").inode not in first.values()
+
+    side.namespace.forget(first["a.bin"], 1)
+    side.namespace.refresh("d")
+    (side.bucket / "d" / "a.bin").unlink()
+    (side.bucket / "d" / "a.bin").mkdir()
+    (side.bucket / "d" / "a.bin" / "inside").write_bytes(b"x")
+    side.namespace.refresh("d")
+    assert side.namespace.lookup(d, "a.bin").inode not in first.values()
+
+
 def test_a_pending_write_is_listed_before_its_upload(side):
     (side.bucket / "old.bin").write_bytes(b"old")
     assert side.names() == ["old.bin"]  # listed and cached before the write
