@@ -336,6 +336,38 @@ def test_a_marker_that_cannot_be_deleted_pauses_claims_and_is_deleted_later(node
         proxy.close()
 
 
+def test_one_late_claim_reads_the_source_and_two_in_a_row_pause_claims(nodes, seaweed,
+                                                                         monkeypatch):
+    """A store busy for a moment answers one claim too late among many: that block goes to the
+    source and the node goes on claiming, since a pause would send every block it misses for
+    seconds to the source unclaimed. Claims pause when the next one fails too."""
+    from fault_proxy import FaultProxy
+
+    from avafs.tiers import cluster
+
+    # No fill thread's turn (each PAUSE_AFTER_ERROR seconds) may try the failed claims'
+    # left-over markers while the store hangs: that delete would pause claims by itself.
+    monkeypatch.setattr(cluster, "PAUSE_AFTER_ERROR", 60.0)
+    (nodes.origin / "claimed").write_bytes(os.urandom(4 * BLOCK))
+    proxy = FaultProxy(int(seaweed.endpoint.rsplit(":", 1)[1]))
+    try:
+        node = nodes(endpoint=proxy.endpoint, timeout=0.5)
+        first, second, third, fourth = (node.ref("claimed").block(index) for index in range(4))
+        proxy.mode = "hang"
+        assert node.cluster.claim(first), "a claim that failed reads the source"
+        assert node.cluster.claiming
+        proxy.mode = "pass"
+        assert node.cluster.claim(second)
+        proxy.mode = "hang"
+        assert node.cluster.claim(third)
+        assert node.cluster.claiming, "the claim before it was answered"
+        assert node.cluster.claim(fourth)
+        assert not node.cluster.claiming, "two in a row"
+        assert node.count("cluster_errors", "claim") == 3
+    finally:
+        proxy.close()
+
+
 def test_a_fresh_bucket_loses_no_fill(nodes, seaweed):
     """A fresh bucket's first writes wait for SeaweedFS to make its volumes, which can take
     longer than the read limit: a node that reads straight after its mount still fills every

@@ -31,8 +31,11 @@ background fill, which no reader waits for) may take FILL_TIMEOUT seconds, and o
 fails pauses only fills and claims: pausing reads for it would send to the source blocks the
 tier holds. Claims pause with fills because a node that cannot fill must not claim: its
 markers would make other nodes wait for blocks it drops. A claim blocks a reader, so it keeps
-the read limit, and one that fails pauses only claims: the node reads the source and still
-fills. At mount a fill thread writes (and deletes) a key of its own with the fill limit, so a
+the read limit. A claim that fails sends its block to the source (the node still fills it),
+and claims pause only once CLAIM_FAILURES_IN_A_ROW have failed with none answered between
+them: a store busy for a moment answers one request late among hundreds, and a pause would
+send every block this node misses for seconds to the source unclaimed, while other nodes
+read the same blocks there. At mount a fill thread writes (and deletes) a key of its own with the fill limit, so a
 fresh bucket grows before the first epoch's writes; claims wait for that write for at most
 the read limit after the mount, and are skipped (the source read, the block filled) while it
 is still under way. A claim whose request failed may still have created its marker (a store
@@ -80,6 +83,8 @@ FILL_WAIT = 10.0
 """Longest wait for a block another node is filling, and the age past which its marker is
 taken for the mark of a node that died."""
 PAUSE_AFTER_ERROR = 5.0
+CLAIM_FAILURES_IN_A_ROW = 2
+"""Claims that fail one after another, none answered between them, before claims pause."""
 FILL_TIMEOUT = 30.0
 """Seconds a block's write (or the mount's first write) may take besides its transfer: no
 reader waits for it, and a fresh bucket's first writes wait for its volumes to be made."""
@@ -119,6 +124,8 @@ class ClusterTier:
         self._prepare_deadline = time.monotonic() + bucket.timeout
         self._lock = threading.Lock()
         self._claimed: set[BlockId] = set()
+        self._claims_failed = 0
+        """Claims failed since one was last answered (won or lost)."""
         self._left_over: set[BlockId] = set()
         """Markers this node may have left in the store (see the module docstring)."""
         self._queued_bytes = 0
@@ -170,14 +177,16 @@ class ClusterTier:
         """Whether blocks are claimed before the source is read (see the module docstring)."""
         return self.filling and time.monotonic() >= self._claims_down_until
 
-    def _failed(self, kind: str, error: StoreError) -> None:
-        """Count a failed request; one that may pass turns the tier off for a while, or only
-        its fills and claims when it was a block's write ("put"), or only its claims when it
-        was a marker's ("claim")."""
+    def _failed(self, kind: str, error: StoreError, pause: bool = True) -> None:
+        """Count a failed request; unless `pause` is False, one that may pass turns the tier
+        off for a while, or only its fills and claims when it was a block's write ("put"), or
+        only its claims when it was a marker's ("claim")."""
         self.metrics.cluster_errors.labels(kind).inc()
         self.last_error = str(error)
         if error.permanent:
             log.warning("cluster tier: %s", error)
+        elif not pause:
+            log.warning("cluster tier: %s; reading this block from the source", error)
         elif kind == "put":
             if self.filling:
                 log.warning("cluster tier: %s; not filling it for %.0f s", error,
@@ -234,13 +243,16 @@ class ClusterTier:
         try:
             won = self.bucket.create_if_absent(self.marker_key(block), self._node)
         except StoreError as error:
-            self._failed("claim", error)
-            if not error.permanent:
-                with self._lock:
-                    self._left_over.add(block)
-            return True
-        if won:
             with self._lock:
+                self._claims_failed += 1
+                in_a_row = self._claims_failed
+                if not error.permanent:
+                    self._left_over.add(block)
+            self._failed("claim", error, pause=in_a_row >= CLAIM_FAILURES_IN_A_ROW)
+            return True
+        with self._lock:
+            self._claims_failed = 0
+            if won:
                 self._claimed.add(block)
         return won
 
