@@ -355,6 +355,7 @@ def test_one_late_claim_reads_the_source_and_two_in_a_row_pause_claims(nodes, se
         first, second, third, fourth = (node.ref("claimed").block(index) for index in range(4))
         proxy.mode = "hang"
         assert node.cluster.claim(first), "a claim that failed reads the source"
+        assert "--cluster-timeout" in node.cluster.last_error, "the flag that sets its limit"
         assert node.cluster.claiming
         proxy.mode = "pass"
         assert node.cluster.claim(second)

@@ -110,6 +110,10 @@ def _size_class(size: int) -> int:
 
 
 class S3Store(ObjectStore, MultipartUploads):
+    timeout_option = "--store-timeout"
+    min_rate_option = "--store-min-rate"
+    """What sets this store's request limits, as messages about a late answer name them."""
+
     def __init__(self, bucket: str, prefix: str, endpoint_url: str | None,
                  region: str | None, max_connections: int = 64,
                  limits: StoreLimits = _DEFAULT_LIMITS,
@@ -189,7 +193,7 @@ class S3Store(ObjectStore, MultipartUploads):
                     + (f" ({answer})" if answer else ""))
         if isinstance(error, botocore.exceptions.ReadTimeoutError):
             return (f"S3 endpoint {self.endpoint} did not answer {action or 'a request'} in "
-                    "time: the store is overloaded or hung (see --store-timeout)")
+                    f"time: the store is overloaded or hung (see {self.timeout_option})")
         return (f"S3 {action or 'request'} at {self.endpoint} failed: "
                 f"{type(error).__name__}")
 
@@ -354,8 +358,8 @@ class S3Store(ObjectStore, MultipartUploads):
 
     def _late(self, key: str, length: int, seconds: float) -> str:
         return (f"S3 endpoint {self.endpoint} did not send the {length} bytes of {key!r} in "
-                f"time ({seconds:.1f}s: --store-timeout plus the size at --store-min-rate): "
-                "the store is overloaded or hung")
+                f"time ({seconds:.1f}s: {self.timeout_option} plus the size at "
+                f"{self.min_rate_option}): the store is overloaded or hung")
 
     def open_range(self, key: str, start: int, length: int, etag: str) -> BinaryIO:
         """One GET whose body is read as it arrives, within --store-timeout plus the length at
