@@ -35,15 +35,16 @@ the read limit. A claim that fails sends its block to the source (the node still
 and claims pause only once CLAIM_FAILURES_IN_A_ROW have failed with none answered between
 them: a store busy for a moment answers one request late among hundreds, and a pause would
 send every block this node misses for seconds to the source unclaimed, while other nodes
-read the same blocks there. At mount a fill thread writes (and deletes) a key of its own with the fill limit, so a
-fresh bucket grows before the first epoch's writes; claims wait for that write for at most
-the read limit after the mount, and are skipped (the source read, the block filled) while it
-is still under way. A claim whose request failed may still have created its marker (a store
-that answered too late), and a marker due for deletion while the tier is off or whose delete
-failed stays: all are left-overs, deleted by the fill threads once claims are on again (a
-failed delete pauses claims, as a failed claim does), so other nodes do not wait
-FILL_WAIT on a block this node will never fill. (A claim that is only retried, not left over,
-would find its own marker and take it for another node's.) The tier's requests skip
+read the same blocks there. At mount a fill thread writes (and deletes) a key of its own
+with the fill limit, so a fresh bucket grows before the first epoch's writes; claims wait for
+that write for at most the read limit after the mount, and are skipped (the source read, the
+block filled) while it is still under way. A claim whose request failed may still have
+created its marker (a store that answered too late), and a marker due for deletion while the
+tier is off or whose delete failed stays: all are left-overs, deleted by the fill threads
+while claims are on (a failed delete pauses claims at once: the marker it leaves makes other
+nodes wait), so other nodes do not wait FILL_WAIT on a block this node will never fill. (A
+claim that is only retried, not left over, would find its own marker and take it for another
+node's.) The tier's requests skip
 botocore's own CRC32 of each block (`ClusterBucket.for_blocks`): the block's checksum in its
 metadata is checked here; for the same reason a block's GET goes without botocore's
 per-request machinery (stores/s3/lean.py): a node reading from the tier sends one request per
