@@ -44,11 +44,11 @@ tier is off or whose delete failed stays: all are left-overs, deleted by the fil
 while claims are on (a failed delete pauses claims at once: the marker it leaves makes other
 nodes wait), so other nodes do not wait FILL_WAIT on a block this node will never fill. (A
 claim that is only retried, not left over, would find its own marker and take it for another
-node's.) The tier's requests skip
-botocore's own CRC32 of each block (`ClusterBucket.for_blocks`): the block's checksum in its
-metadata is checked here; for the same reason a block's GET goes without botocore's
-per-request machinery (stores/s3/lean.py): a node reading from the tier sends one request per
-block, so that machinery's CPU per request is paid per block served.
+node's.) The tier's requests skip botocore's own CRC32 of each block
+(`ClusterBucket.for_blocks`): the block's checksum in its metadata is checked here; for the
+same reason a block's GET goes without botocore's per-request machinery (stores/s3/lean.py):
+a node reading from the tier sends one request per block, so that machinery's CPU per request
+is paid per block served.
 """
 
 from __future__ import annotations
