@@ -142,3 +142,20 @@ def test_a_damaged_block_file_is_dropped_on_read(tmp_path, damage):
         assert _block(3) not in tier
     finally:
         tier.close()
+
+
+def test_a_closed_tier_sweeps_no_more(tmp_path):
+    """The next tier on the cache dir writes blocks its predecessor's sweep never indexed:
+    a sweep still running after `close` would take them for a crash's leftovers."""
+    _tier(tmp_path).close()
+    leftover = _leave_unindexed_file(tmp_path, _block(4))
+    tier = _tier(tmp_path, _GatedSweepTier)
+    closer = threading.Thread(target=tier.close)
+    closer.start()
+    assert tier._closing.wait(10)
+
+    tier.gate.set()
+    closer.join(10)
+
+    assert not closer.is_alive() and not tier._sweeper.is_alive()
+    assert leftover.exists(), "the sweep went on after close"

@@ -10,7 +10,8 @@ with it. Which clean blocks
 stay when the tier is full is its policy's choice: least recently used (`lru.py`) or, for
 datasets larger than the tier, least read with admission control (`frequency.py`). Files the
 index does not know (a crash between rename and index write) take disk space no cap accounts
-for; a background sweep at start removes them, sparing the blocks the mount writes meanwhile.
+for; a background sweep at start removes them, sparing the blocks the mount writes meanwhile,
+and stops when the tier closes.
 """
 
 from __future__ import annotations
@@ -100,6 +101,9 @@ class DiskTier(TierAccounting):
         self._written_while_sweeping: set[str] | None = set()
         """Names of block files written since the sweep took its list of indexed blocks: the
         sweep must not take them for a crash's leftovers. None once the sweep has ended."""
+        self._closing = threading.Event()
+        """Set by `close`: the sweep stops, so that it never takes the blocks of a tier opened
+        on the same cache dir after this one for a crash's leftovers."""
         self._sweeper = threading.Thread(target=self._sweep_unindexed_files, daemon=True,
                                          name="avafs-disk-sweep")
         self._sweeper.start()
@@ -131,6 +135,8 @@ class DiskTier(TierAccounting):
             known = {block.file_name() for block in self._records}
         removed = 0
         for path in self._block_files():
+            if self._closing.is_set():
+                break
             if path.name in known:
                 continue
             with self._lock:  # held across the unlink, so a put of this name waits for it
@@ -275,6 +281,8 @@ class DiskTier(TierAccounting):
     def close(self) -> None:
         """Record the LRU order and read counts, so the next mount evicts the same cold blocks
         first (a crash loses them: blocks then come back in any order, with one read each)."""
+        self._closing.set()
+        self._sweeper.join()
         with self._lock:
             batch = WriteBatch(raw_mode=True)
             for sequence, block in enumerate(self._lru):
