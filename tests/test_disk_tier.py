@@ -144,6 +144,23 @@ def test_a_damaged_block_file_is_dropped_on_read(tmp_path, damage):
         tier.close()
 
 
+def test_every_block_folder_is_made_when_the_tier_opens(tmp_path):
+    """A block's write makes no folder (the first writes to a fresh cache dir paid for one
+    each); so the tier makes them all when it opens, again where one has gone since."""
+    _tier(tmp_path).close()
+    folders = tmp_path / "blocks"
+    assert sorted(path.name for path in folders.iterdir()) == [f"{n:02x}" for n in range(256)]
+    (folders / _block(5).file_name()[:2]).rmdir()
+
+    tier = _tier(tmp_path)
+    try:
+        tier.put(_block(5), b"five" * 1000)
+        assert tier.get(_block(5)) == b"five" * 1000
+        assert len(list(folders.iterdir())) == 256
+    finally:
+        tier.close()
+
+
 def test_a_closed_tier_sweeps_no_more(tmp_path):
     """The next tier on the cache dir writes blocks its predecessor's sweep never indexed:
     a sweep still running after `close` would take them for a crash's leftovers."""

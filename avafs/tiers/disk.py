@@ -47,6 +47,8 @@ CRC32C = 1
 _CHECKSUMS = {CRC32: zlib.crc32, CRC32C: google_crc32c.value}
 """Checksum kind, as recorded -> the function."""
 BLOCKS_DIR = "blocks"
+FOLDER_DIGITS = 2
+"""Hex digits of a block file's name that name its folder: 256 folders."""
 
 
 def _read_at_most(path: str, size: int) -> bytes | None:
@@ -66,7 +68,20 @@ def _read_at_most(path: str, size: int) -> bytes | None:
 
 def _relative_path(block: BlockId) -> str:
     name = block.file_name()
-    return f"{BLOCKS_DIR}/{name[:2]}/{name}"
+    return f"{BLOCKS_DIR}/{name[:FOLDER_DIGITS]}/{name}"
+
+
+def _make_folders(blocks_dir: Path) -> None:
+    """Every folder a block file may go to, made once when the tier opens: a block's write
+    then neither makes a directory (a new inode, on the FUSE loop for a small object's
+    block) nor asks whether one exists. A folder removed under a running daemon makes the
+    writes into it fail and log, as any other write error, until the next mount."""
+    blocks_dir.mkdir(exist_ok=True)
+    present = set(os.listdir(blocks_dir))
+    for number in range(16**FOLDER_DIGITS):
+        name = f"{number:0{FOLDER_DIGITS}x}"
+        if name not in present:
+            os.mkdir(blocks_dir / name)
 
 
 class DiskTier(TierAccounting):
@@ -84,7 +99,7 @@ class DiskTier(TierAccounting):
         self._tmp_dir = root / "tmp"
         shutil.rmtree(self._tmp_dir, ignore_errors=True)
         self._tmp_dir.mkdir(parents=True)
-        self._blocks_dir.mkdir(exist_ok=True)
+        _make_folders(self._blocks_dir)
         self._lock = threading.Lock()
         self._writer = BlockFileWriter()
         self._capacity = capacity
@@ -210,7 +225,7 @@ class DiskTier(TierAccounting):
         (demoted from RAM), which the policy must not count as read again."""
         size = allocated(len(data))
         path = self._path(block)
-        directory, _, name = path.rpartition("/")
+        name = path.rpartition("/")[2]
         with self._lock:
             if (block in self._records or not self._lru.fits(size)
                     or not self._lru.admits(block, size, read)):
@@ -226,8 +241,6 @@ class DiskTier(TierAccounting):
         tmp = f"{self._tmp_dir}/{name}.{threading.get_ident()}"
         try:
             self._writer.write(tmp, data)
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(directory)
             os.replace(tmp, path)
         except OSError as error:
             log.error("disk tier: cannot write block of %s: %s", block.key, error)
