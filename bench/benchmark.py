@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import s3server  # noqa: E402
-from common import MiB, make_dataset, write_local  # noqa: E402
+from common import SET_ASIDE, MiB, make_dataset, write_local  # noqa: E402
 from mounts import (  # noqa: E402
     AvafsMount,
     JuicefsMount,
@@ -58,7 +58,7 @@ from report import (  # noqa: E402
     summarize,
     write_json,
 )
-from runner import SET_ASIDE, FuseRound, Setup, run_direct, run_local  # noqa: E402
+from runner import FuseRound, Setup, run_direct, run_local  # noqa: E402
 from training import (  # noqa: E402
     WORKLOAD_NAMES,
     TrainingPlan,
@@ -216,7 +216,7 @@ def machine() -> dict[str, object]:
 
 def space_needed(args: argparse.Namespace, peers: list[str]) -> int:
     """Bytes the run writes to the workdir at most: the dataset and, since what each
-    measurement writes is only deleted at the end (`Setup.set_aside`), every round's writes
+    measurement writes is only deleted at the end (`common.set_aside`), every round's writes
     and caches; with SeaweedFS also the store's copy of the dataset (twice with JuiceFS's own)
     and of every write (deleted objects keep their space until the store compacts)."""
     dataset = args.large * args.large_size + args.small * args.small_size

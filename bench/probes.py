@@ -58,6 +58,7 @@ from common import (  # noqa: E402
     make_dataset,
     median,
     read_all,
+    set_aside,
     timed,
     write_local,
 )
@@ -209,7 +210,7 @@ def probe_requests(server: s3server.Store, workdir: Path) -> None:
     dataset = make_dataset(0, 0, 300, 100 * 1024)
     write_local(workdir / "data", dataset)
     for options in ((), ("--read-only",)):
-        shutil.rmtree(workdir / "cache", ignore_errors=True)
+        set_aside(workdir / "cache", workdir)
         mount = _avafs_mount(server, workdir, dataset.small, workdir / "data", options)
         try:
             root = mount.mountpoint
@@ -243,7 +244,7 @@ def probe_reads(server: s3server.Store, workdir: Path) -> None:
         _, seconds = timed_bytes(lambda: s3server.download_objects(client, dataset.small))
         results.setdefault("direct   small files/s", []).append(len(dataset.small) / seconds)
         for tree in _trees_in_turn(number):
-            shutil.rmtree(workdir / "cache", ignore_errors=True)
+            set_aside(workdir / "cache", workdir)
             mount = AvafsMount(server, workdir / "mnt", 2**30, 10 * 2**30)
             for label in ("cold", "warm", "remount"):
                 if label == "remount":
@@ -283,7 +284,7 @@ def probe_walk(server: s3server.Store, workdir: Path) -> None:
         results.setdefault("local entries/s", []).append(
             stat_tree(workdir / "local" / "tree", TREE_ENTRIES))
         for tree in _trees_in_turn(number):
-            shutil.rmtree(workdir / "cache", ignore_errors=True)
+            set_aside(workdir / "cache", workdir)
             mount = _bench_mount(server, workdir)
             before = cpu_seconds(mount.pid)
             results.setdefault(f"{tree} entries/s", []).append(
@@ -311,7 +312,7 @@ def probe_first_walk(server: s3server.Store, workdir: Path) -> None:
     try:
         for number in range(_ARGS.rounds):
             for tree in _trees_in_turn(number):
-                shutil.rmtree(workdir / "cache", ignore_errors=True)
+                set_aside(workdir / "cache", workdir)
                 mount = _bench_mount(store, workdir)
                 before, started = cpu_seconds(mount.pid), time.perf_counter()
                 found = sum(len(files) for _, _, files in os.walk(mount.mountpoint / "tree"))

@@ -9,16 +9,15 @@ tier. The third starts empty again for the warmup and the writes.
 
 from __future__ import annotations
 
-import itertools
 import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import s3server
-from common import Dataset, MiB, read_all, timed
+from common import Dataset, MiB, read_all, set_aside, timed
 from mounts import AvafsMount, Mount, cpu_seconds, peak_rss
 from profiling import Profiler
 from report import AVAFS, DIRECT, LOCAL, Results
@@ -39,8 +38,6 @@ OWN_FORMAT = "not measured: stores its own format, so the bucket cannot show the
 WRITE_KEYS = ("write_large", "write_small")
 SERVER_CEILING = "server ceiling: all large files at once, whole-object GETs, 8 threads"
 PEER_STAT_ONCE = "measured in round 1 only: its first walk costs one HEAD per file"
-SET_ASIDE = "set-aside"
-"""Under the workdir: what measurements wrote, deleted only when the run ends."""
 
 
 @dataclass
@@ -58,7 +55,6 @@ class Setup:
     profiler: Profiler
     peer_writes: bool
     flush_timeout: float
-    _set_aside: itertools.count = field(default_factory=itertools.count)
 
     def cache_dir(self, name: str) -> Path:
         path = self.workdir / "cache" / name
@@ -66,21 +62,7 @@ class Setup:
         return path
 
     def set_aside(self, path: Path) -> None:
-        """Move what a measurement wrote out of the way, to be deleted when the run ends.
-
-        Why not delete it now: on ext4 without a journal (the root file system of the
-        machines this was measured on), for a minute or more after a file is deleted, every
-        new file's inode allocation steps over the recently freed inodes one by one
-        (`recently_deleted` in ext4's allocator). Deleting the local baseline's 10,000
-        written files made the next system measured pay for them: avafs's cold small-file
-        reads create one cache file per object, and perf put 19-22% of the daemon's samples
-        in ext4's inode allocation (the same reads with the cache on a fresh ext4: 2.1
-        instead of 3.1 CPU-s per 1000 files). rclone pays the same way; the direct download
-        creates no files."""
-        if path.exists():
-            aside = self.workdir / SET_ASIDE
-            aside.mkdir(exist_ok=True)
-            path.rename(aside / f"{next(self._set_aside)}-{path.name}")
+        set_aside(path, self.workdir)
 
 
 def run_local(setup: Setup, number: int) -> None:
