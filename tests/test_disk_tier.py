@@ -1,9 +1,10 @@
-"""The disk tier's start-up sweep of block files a crash left unindexed, and its checks of
-the block files it reads.
+"""The disk tier's start-up sweep of block files a crash left unindexed, its checks of the
+block files it reads, and the folders it makes for them.
 
 The sweep runs in the background while the mount already caches blocks, so it must tell a
 crash's leftovers from files written after it listed the index: once, it took the latter for
-the former and deleted blocks readers had just fetched. A block file whose size or checksum
+the former and deleted blocks readers had just fetched; and a sweep that outlived its tier's
+`close` took the next tier's blocks for leftovers. A block file whose size or checksum
 (CRC-32C, or CRC-32 in records from before) does not match its record is dropped, not served.
 """
 
