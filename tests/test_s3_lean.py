@@ -263,6 +263,17 @@ def test_a_get_from_the_loop_fails_as_a_threads_get_does(s3_server, bucket, prox
     threads.shutdown()
 
 
+def test_a_reset_connection_is_described_alike_whichever_way_its_race_went():
+    """A server that resets a connection it accepted fails the request at its send or
+    before its answer, as the race goes; the "reset" case above once failed on the two
+    messages differing."""
+    store = S3Store("bucket", "", "http://127.0.0.1:9", "us-east-1")
+    failed_send = botocore.exceptions.EndpointConnectionError(endpoint_url=store.endpoint)
+    closed_early = botocore.exceptions.ConnectionClosedError(endpoint_url=store.endpoint)
+    assert store._describe(closed_early) == store._describe(failed_send)
+    assert store._describe(closed_early).startswith("cannot reach S3 endpoint")
+
+
 def test_a_ca_bundle_that_does_not_load_leaves_the_get_to_a_thread(s3_server, bucket,
                                                                    monkeypatch, tmp_path):
     """The store's own session reports the missing bundle; the loop does not fail the read

@@ -173,7 +173,12 @@ class S3Store(ObjectStore, MultipartUploads):
                     "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or an instance role")
         if isinstance(error, (botocore.exceptions.EndpointConnectionError,
                               botocore.exceptions.ConnectTimeoutError,
-                              aiohttp.ClientConnectorError)):
+                              botocore.exceptions.ConnectionClosedError,
+                              aiohttp.ClientConnectorError,
+                              aiohttp.ServerDisconnectedError)):
+            # A server that resets a connection it accepted gives either a failed connection
+            # or one closed before any answer, by a race with the request's send: one cause,
+            # so one message.
             return (f"cannot reach S3 endpoint {self.endpoint}: check --endpoint-url and that "
                     "the server is up")
         if isinstance(error, botocore.exceptions.ClientError):
