@@ -186,9 +186,59 @@ def test_small_objects_are_read_from_disk_in_the_callers_thread(tmp_path, stack)
     gets = _gets(stack)
 
     assert _read_inline(stack, small, 100, 50) == data[100:150]
-    assert stack.is_cached(small, 0, "ram")
-    assert stack.metrics.value(stack.metrics.hits, "disk") == 1
+    assert not stack.is_cached(small, 0, "ram"), "read from the disk tier, not copied to RAM"
+    assert _read_inline(stack, small, 0, 10) == data[:10]
+    assert stack.metrics.value(stack.metrics.hits, "disk") == 2
     assert _gets(stack) == gets
+
+
+def test_a_small_object_the_disk_tier_refuses_stays_in_ram(tmp_path):
+    """Reads leave a small object's block out of RAM only because the disk tier holds it
+    in memory already (through the page cache); one the disk tier does not take (here: a
+    tier too small for it) must stay in RAM, or every read would fetch it again."""
+    stack = _stack_over(DiskTier(tmp_path / "tiny-disk", 1024, 1000, 0.9, 0.7))
+    try:
+        small, data = _small_object(tmp_path, LocalStore)
+        assert _read_on_loop(stack, small, 0, 100) == data[:100]
+        assert stack.is_cached(small, 0, "ram") and small.block(0) not in stack.disk
+    finally:
+        stack.close()
+
+
+def test_a_warmup_into_ram_puts_a_small_object_there(tmp_path, stack):
+    """`avafs warmup --tier ram` and prefetch hints ask for RAM: they get it, whether the
+    block was on disk already or fetched for them."""
+    small, _ = _small_object(tmp_path, LocalStore)
+    stack.load(small, 0, to_ram=False)
+    assert not stack.is_cached(small, 0, "ram")
+    stack.load(small, 0, to_ram=True)
+    assert stack.is_cached(small, 0, "ram")
+
+    (tmp_path / "other").mkdir()
+    other, _ = _small_object(tmp_path / "other", LocalStore)
+    stack.load(other, 0, to_ram=True)
+    assert stack.is_cached(other, 0, "ram")
+
+
+def test_a_batch_reads_small_objects_into_the_disk_tier_once_each(tmp_path, stack):
+    """A batch (`read_whole`) streams what no tier has and reads the rest from the disk tier:
+    small objects end on disk, not in RAM, and one on disk is read from it once, not first
+    promoted by the batch's stream and then read again."""
+    bucket = tmp_path / "batch-bucket"
+    bucket.mkdir()
+    contents = {f"s{number}": os.urandom(5_000 + number) for number in range(6)}
+    for name, data in contents.items():
+        (bucket / name).write_bytes(data)
+    store = InstrumentedStore(LocalStore(bucket), stack.metrics)
+    refs = [ObjectRef(store.url, store, name, store.head(name).etag, len(data))
+            for name, data in contents.items()]
+
+    assert stack.read_whole(refs) == list(contents.values())
+    assert all(ref.block(0) in stack.disk and not stack.is_cached(ref, 0, "ram")
+               for ref in refs)
+    hits = stack.metrics.value(stack.metrics.hits, "disk")
+    assert stack.read_whole(refs) == list(contents.values())
+    assert stack.metrics.value(stack.metrics.hits, "disk") == hits + len(refs)
 
 
 class _GatedStore(LocalStore):
@@ -226,7 +276,7 @@ def test_a_read_missing_one_block_loads_it_in_the_readers_thread(tmp_path, stack
         assert head == data[:100]
         assert second.result(10) == data[200:500]
     assert store.fetching_threads == [reader_thread]
-    assert stack.is_cached(one, 0, "ram") and one.block(0) in stack.disk
+    assert one.block(0) in stack.disk and not stack.is_cached(one, 0, "ram")
 
 
 def _small_object(tmp_path, store_class, size: int = 10_000) -> tuple[ObjectRef, bytes]:
@@ -244,7 +294,7 @@ def test_a_cold_small_object_is_fetched_in_a_thread_and_then_served_on_the_loop(
     small, data = _small_object(tmp_path, LocalStore)
 
     assert _read_on_loop(stack, small, 5, 20) == data[5:25]
-    assert stack.is_cached(small, 0, "ram")
+    assert stack.is_cached(small, 0, "disk") and not stack.is_cached(small, 0, "ram")
     assert _read_inline(stack, small, 0, 10) == data[:10], "cached: served on the loop"
 
 
@@ -294,7 +344,7 @@ def test_a_cold_small_read_from_the_loop_is_shared_with_a_reader_in_a_thread(tmp
 
     assert results == {"loop": data[:100], "thread": data[200:500]}
     assert len(small.store.fetching_threads) == 1
-    assert stack.is_cached(small, 0, "ram") and small.block(0) in stack.disk
+    assert small.block(0) in stack.disk and not stack.is_cached(small, 0, "ram")
 
 
 def test_a_failed_small_fetch_fails_every_waiting_reader_and_leaves_nothing_behind(tmp_path,

@@ -180,7 +180,16 @@ class TierStack:
 
     def _read_small(self, ref: ObjectRef, offset: int, size: int) -> bytes | None:
         """The bytes of an object of one small block, from RAM or straight from the disk
-        tier; None if it is larger, loading, or in neither tier (never waits for the store)."""
+        tier; None if it is larger, loading, or in neither tier (never waits for the store).
+
+        Such a block is read from the disk tier, not copied into RAM as well, and once the
+        disk tier holds it a fetch leaves it out of RAM too (`_fetched`'s `disk_serves`):
+        its file was written through the page cache (it is under DIRECT_MIN_SIZE), which
+        keeps it in memory while the kernel can, and the FUSE page cache holds the same
+        bytes. A copy in RAM would be a third, and while the RAM tier grows every block it
+        keeps is fresh memory, dear when the machine's memory is full of page cache
+        (BENCHMARKS.md, "Small objects out of the RAM tier"). A warmup or prefetch into
+        RAM still puts it there (`load`)."""
         if not self._is_small(ref):
             return None
         data = self._read_from_ram(ref, offset, size)
@@ -194,7 +203,6 @@ class TierStack:
             return None
         self.metrics.tier_hits["disk"].inc()
         self.metrics.served_from["disk"].inc(len(data))
-        self._admit_to_ram(block, data)
         return self._slice([data], offset, size, ref)
 
     async def _fetch_small(self, ref: ObjectRef, offset: int, size: int) -> bytes | None:
@@ -222,7 +230,7 @@ class TierStack:
             # never queued behind work waiting for it where it runs in the pool.
             data = await ref.store.get_range_async(ref.key, 0, ref.size, ref.etag,
                                                    self._executor)
-            self._fetched(block, future, data)
+            self._fetched(block, future, data, disk_serves=True)
         except BaseException as error:
             # Readers waiting in threads get a plain error, never the loop's CancelledError.
             if not future.done():
@@ -305,7 +313,10 @@ class TierStack:
             if block in self.ram or block in self._loading:
                 index += 1
             elif block in self.disk:
-                if self._block_future(ref, index, wait_for_slot=False) is None:
+                # A small object's block stays on disk, where its reader reads it (see
+                # `_read_small`): promoting it would only read it twice.
+                if not self._is_small(ref) and \
+                        self._block_future(ref, index, wait_for_slot=False) is None:
                     return index
                 index += 1
             else:
@@ -359,7 +370,8 @@ class TierStack:
                     data, claimed = cluster.claim_missing(block,
                                                           self._block_length(ref, block.index))
                 if data is not None:
-                    self._fetched(block, future, data, write_behind=True, source="cluster")
+                    self._fetched(block, future, data, write_behind=True, source="cluster",
+                                  disk_serves=self._is_small(ref))
                 else:
                     (mine if claimed else others).append((block, future))
             for stretch in _unbroken(mine):
@@ -378,7 +390,8 @@ class TierStack:
                 future.set_exception(problem)
                 self._done_loading(block)
                 continue
-            self._fetched(block, future, data, write_behind=True, source=source)
+            self._fetched(block, future, data, write_behind=True, source=source,
+                          disk_serves=self._is_small(ref))
 
     def _block_length(self, ref: ObjectRef, index: int) -> int:
         return min(self.block_size, ref.size - index * self.block_size)
@@ -398,7 +411,8 @@ class TierStack:
                 for block, future in run:
                     data = _read_exactly(body, min(self.block_size,
                                                    ref.size - block.index * self.block_size))
-                    self._fetched(block, future, data, write_behind=True)
+                    self._fetched(block, future, data, write_behind=True,
+                                  disk_serves=self._is_small(ref))
                     delivered += 1
         except Exception as error:  # noqa: BLE001 - the rest is fetched block by block
             if delivered < len(run):
@@ -411,13 +425,18 @@ class TierStack:
                     future.set_exception(problem)
                     self._done_loading(block)
                     continue
-                self._fetched(block, future, data)
+                self._fetched(block, future, data, disk_serves=self._is_small(ref))
 
     def _fetched(self, block: BlockId, future: Future[bytes], data: bytes,
-                 to_ram: bool = True, write_behind: bool = False, source: str = "store") -> None:
+                 to_ram: bool = True, write_behind: bool = False, source: str = "store",
+                 disk_serves: bool = False) -> None:
         """A block arrived from the store (or the cluster tier, `source`): readers first,
         then the disk tier; a load for the disk tier alone is done only once the block is
-        there. A block from the store is handed to the cluster tier to fill."""
+        there. A block from the store is handed to the cluster tier to fill. `disk_serves`:
+        the block is a small object's, which readers take from the disk tier, so it goes
+        into RAM only if the disk tier refuses it (see `_read_small`); it is written here,
+        not behind: a small write, done before the block leaves `_loading`, so readers
+        always find it in `_loading`, RAM or the disk tier."""
         self.metrics.served_from[source].inc(len(data))
         if source == "store":
             self.metrics.misses.inc()
@@ -426,6 +445,10 @@ class TierStack:
         if not to_ram:
             self._to_disk(block, data)
             future.set_result(data)
+            return
+        if disk_serves:
+            future.set_result(data)
+            self._to_disk(block, data, ram_unless_on_disk=True)
             return
         self._admit_to_ram(block, data)
         future.set_result(data)
@@ -447,8 +470,10 @@ class TierStack:
         finally:
             self._write_behind_room.release()
 
-    def _to_disk(self, block: BlockId, data: bytes) -> None:
+    def _to_disk(self, block: BlockId, data: bytes, ram_unless_on_disk: bool = False) -> None:
         self.disk.put(block, data)
+        if ram_unless_on_disk and block not in self.disk:
+            self._admit_to_ram(block, data)
         # Only now, when a tier can serve it, may the block stop being findable as loading.
         self._done_loading(block)
         self._note_usage()
@@ -494,7 +519,11 @@ class TierStack:
         future = self._block_future(ref, index, wait_for_slot=wait, to_ram=to_ram, inline=True)
         if future is None:
             return False
-        future.result()
+        data = future.result()
+        block = ref.block(index)
+        if to_ram and block not in self.ram:
+            # Asked for in RAM, where reads leave a small object's block out (`_read_small`).
+            self._admit_to_ram(block, data)
         return True
 
     def _block_future(self, ref: ObjectRef, index: int, wait_for_slot: bool,
@@ -531,7 +560,8 @@ class TierStack:
             if data is not None:
                 self.metrics.tier_hits["disk"].inc()
                 self.metrics.served_from["disk"].inc(len(data))
-                self._admit_to_ram(block, data)
+                if not self._is_small(ref):  # see `_read_small`
+                    self._admit_to_ram(block, data)
                 future.set_result(data)
                 return
             if self.cluster is None:
@@ -544,7 +574,7 @@ class TierStack:
             # A cluster hit already cost its reader a round trip over the network: its disk
             # write goes behind the reader, as a stream's blocks do.
             self._fetched(block, future, data, to_ram, write_behind=source == "cluster",
-                          source=source)
+                          source=source, disk_serves=self._is_small(ref))
         except BaseException as error:  # noqa: BLE001 - delivered to every waiting reader
             if not future.done():
                 future.set_exception(error)
