@@ -234,8 +234,11 @@ def test_a_batch_reads_small_objects_into_the_disk_tier_once_each(tmp_path, stac
             for name, data in contents.items()]
 
     assert stack.read_whole(refs) == list(contents.values())
-    assert all(ref.block(0) in stack.disk and not stack.is_cached(ref, 0, "ram")
-               for ref in refs)
+    deadline = time.monotonic() + 10  # the stream writes each block after handing it over
+    while not all(ref.block(0) in stack.disk for ref in refs):
+        assert time.monotonic() < deadline, "the streamed objects never reached the disk tier"
+        time.sleep(0.01)
+    assert not any(stack.is_cached(ref, 0, "ram") for ref in refs)
     hits = stack.metrics.value(stack.metrics.hits, "disk")
     assert stack.read_whole(refs) == list(contents.values())
     assert stack.metrics.value(stack.metrics.hits, "disk") == hits + len(refs)
