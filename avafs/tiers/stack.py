@@ -183,10 +183,9 @@ class TierStack:
         tier; None if it is larger, loading, or in neither tier (never waits for the store).
 
         Such a block is read from the disk tier, not copied into RAM as well, and once the
-        disk tier holds it a fetch leaves it out of RAM too (`_fetched`'s `disk_serves`):
-        its file was written through the page cache (it is under DIRECT_MIN_SIZE), which
-        keeps it in memory while the kernel can, and the FUSE page cache holds the same
-        bytes. A copy in RAM would be a third, and while the RAM tier grows every block it
+        disk tier holds it a fetch leaves it out of RAM too (`_fetched`): its file was
+        written through the page cache (it is under DIRECT_MIN_SIZE), which keeps it in
+        memory while the kernel can, and the FUSE page cache holds the same bytes. A copy in RAM would be a third, and while the RAM tier grows every block it
         keeps is fresh memory, dear when the machine's memory is full of page cache
         (BENCHMARKS.md, "Small objects out of the RAM tier"). A warmup or prefetch into
         RAM still puts it there (`load`)."""
@@ -230,7 +229,7 @@ class TierStack:
             # never queued behind work waiting for it where it runs in the pool.
             data = await ref.store.get_range_async(ref.key, 0, ref.size, ref.etag,
                                                    self._executor)
-            self._fetched(block, future, data, disk_serves=True)
+            self._fetched(ref, block, future, data)
         except BaseException as error:
             # Readers waiting in threads get a plain error, never the loop's CancelledError.
             if not future.done():
@@ -370,8 +369,8 @@ class TierStack:
                     data, claimed = cluster.claim_missing(block,
                                                           self._block_length(ref, block.index))
                 if data is not None:
-                    self._fetched(block, future, data, write_behind=True, source="cluster",
-                                  disk_serves=self._is_small(ref))
+                    self._fetched(ref, block, future, data, write_behind=True,
+                                  source="cluster")
                 else:
                     (mine if claimed else others).append((block, future))
             for stretch in _unbroken(mine):
@@ -390,8 +389,7 @@ class TierStack:
                 future.set_exception(problem)
                 self._done_loading(block)
                 continue
-            self._fetched(block, future, data, write_behind=True, source=source,
-                          disk_serves=self._is_small(ref))
+            self._fetched(ref, block, future, data, write_behind=True, source=source)
 
     def _block_length(self, ref: ObjectRef, index: int) -> int:
         return min(self.block_size, ref.size - index * self.block_size)
@@ -411,8 +409,7 @@ class TierStack:
                 for block, future in run:
                     data = _read_exactly(body, min(self.block_size,
                                                    ref.size - block.index * self.block_size))
-                    self._fetched(block, future, data, write_behind=True,
-                                  disk_serves=self._is_small(ref))
+                    self._fetched(ref, block, future, data, write_behind=True)
                     delivered += 1
         except Exception as error:  # noqa: BLE001 - the rest is fetched block by block
             if delivered < len(run):
@@ -425,18 +422,17 @@ class TierStack:
                     future.set_exception(problem)
                     self._done_loading(block)
                     continue
-                self._fetched(block, future, data, disk_serves=self._is_small(ref))
+                self._fetched(ref, block, future, data)
 
-    def _fetched(self, block: BlockId, future: Future[bytes], data: bytes,
-                 to_ram: bool = True, write_behind: bool = False, source: str = "store",
-                 disk_serves: bool = False) -> None:
+    def _fetched(self, ref: ObjectRef, block: BlockId, future: Future[bytes], data: bytes,
+                 to_ram: bool = True, write_behind: bool = False, source: str = "store") -> None:
         """A block arrived from the store (or the cluster tier, `source`): readers first,
         then the disk tier; a load for the disk tier alone is done only once the block is
-        there. A block from the store is handed to the cluster tier to fill. `disk_serves`:
-        the block is a small object's, which readers take from the disk tier, so it goes
-        into RAM only if the disk tier refuses it (see `_read_small`); it is written here,
-        not behind: a small write, done before the block leaves `_loading`, so readers
-        always find it in `_loading`, RAM or the disk tier."""
+        there. A block from the store is handed to the cluster tier to fill. A small
+        object's block, which readers take from the disk tier, goes into RAM only if the
+        disk tier refuses it (see `_read_small`); it is written here, not behind: a small
+        write, done before the block leaves `_loading`, so readers always find it in
+        `_loading`, RAM or the disk tier."""
         self.metrics.served_from[source].inc(len(data))
         if source == "store":
             self.metrics.misses.inc()
@@ -446,7 +442,7 @@ class TierStack:
             self._to_disk(block, data)
             future.set_result(data)
             return
-        if disk_serves:
+        if self._is_small(ref):
             future.set_result(data)
             self._to_disk(block, data, ram_unless_on_disk=True)
             return
@@ -573,8 +569,8 @@ class TierStack:
                 source = "store" if from_store else "cluster"
             # A cluster hit already cost its reader a round trip over the network: its disk
             # write goes behind the reader, as a stream's blocks do.
-            self._fetched(block, future, data, to_ram, write_behind=source == "cluster",
-                          source=source, disk_serves=self._is_small(ref))
+            self._fetched(ref, block, future, data, to_ram, write_behind=source == "cluster",
+                          source=source)
         except BaseException as error:  # noqa: BLE001 - delivered to every waiting reader
             if not future.done():
                 future.set_exception(error)
