@@ -11,12 +11,12 @@ read, cached or not (`FrequencySketch`). Each resident carries its own count of 
 sketch's estimate when it came in, plus one for each hit). While the tier has room under its
 high watermark every block is admitted, as under LRU, so a working set that fits is cached
 whole. Past it a newcomer gets in only if it had been read, before this read, in more than
-`SCAN_SKEW` periods more than every resident it would replace (periods: see below). In
-shuffled passes shorter than a period every block is read in every period, yet two blocks'
-counts can differ by two: one for the first period, which a pass may straddle (blocks read
-before its end count in it, the others do not), one for the current period (a block read in
-it already counts it, a resident not reached yet does not). A newcomer one or two counts ahead is such a block, and
-letting it in would evict a resident about to be read: at every period boundary a share of
+`SCAN_SKEW` periods more than every resident it would replace (periods: see below). In shuffled
+passes shorter than a period every block is read in every period, yet two blocks' counts can
+differ by two: one for the first period, which a pass may straddle (blocks read before its end
+count in it, the others do not), one for the current period (a block read in it already counts
+it, a resident not reached yet does not). A newcomer one or two counts ahead is such a block,
+and letting it in would evict a resident about to be read: at every period boundary a share of
 the residents would churn. A newcomer read in three periods more than a resident (a dataset
 that replaced another, a hot file) takes its place. Victims are the residents with the fewest
 reads, the least recently used among equals, and an admission past the high watermark evicts
