@@ -401,6 +401,8 @@ class AvafsOperations(pyfuse3.Operations):
         ref = await self._current_ref(node)
         keep_cache = node.kernel_cached_etag == ref.etag
         node.kernel_cached_etag = ref.etag
+        if not keep_cache:
+            self.stack.expect_read(ref)
         handle = OpenFile(inode, ref=ref, read_ahead=self.stack.new_read_ahead())
         return pyfuse3.FileInfo(fh=self._register(handle), keep_cache=keep_cache, **_READER)
 

@@ -10,8 +10,10 @@ the former and deleted blocks readers had just fetched; and a sweep that outlive
 
 from __future__ import annotations
 
+import os
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -177,3 +179,50 @@ def test_a_closed_tier_sweeps_no_more(tmp_path):
 
     assert not closer.is_alive() and not tier._sweeper.is_alive()
     assert leftover.exists(), "the sweep went on after close"
+
+
+def _cached(path: Path) -> bool:
+    """Whether the file's first page is in the page cache: a read that may not wait for the
+    device (RWF_NOWAIT) gets it only then."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.preadv(fd, [bytearray(4096)], 0, os.RWF_NOWAIT)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def test_a_block_expected_to_be_read_is_brought_into_the_page_cache(tmp_path):
+    tier = _tier(tmp_path)
+    block = _block(3)
+    tier.put(block, os.urandom(100 * 1024))
+    path = tmp_path / tier.checked_file(block)
+    fd = os.open(path, os.O_RDONLY)
+    os.fdatasync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    if _cached(path):
+        tier.close()
+        pytest.skip("this file system keeps the file's pages whatever it is told")
+
+    tier.expect_read(block)
+
+    deadline = time.monotonic() + 5
+    while not _cached(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _cached(path)
+    tier.close()
+
+
+def test_expecting_a_read_of_a_block_not_held_or_gone_does_nothing(tmp_path):
+    tier = _tier(tmp_path)
+    tier.expect_read(_block(1))
+    tier.put(_block(2), b"x" * 4096)
+    (tmp_path / tier.checked_file(_block(2))).unlink()
+
+    tier.expect_read(_block(2))
+
+    assert tier.get(_block(2)) is None, "the gone file is found damaged when read, as before"
+    tier.close()

@@ -192,6 +192,24 @@ def test_small_objects_are_read_from_disk_in_the_callers_thread(tmp_path, stack)
     assert _gets(stack) == gets
 
 
+def test_only_a_small_object_not_in_ram_is_expected_to_be_read(tmp_path, stack, ref):
+    """An open whose pages the kernel does not hold asks the disk tier to start reading only
+    for a small object RAM does not hold (the disk tier itself ignores a block it does not
+    hold): a large one comes through read-ahead, and one in RAM needs no device read."""
+    expected: list[BlockId] = []
+    stack.disk.expect_read = expected.append
+    small, _ = _small_object(tmp_path, LocalStore)
+
+    stack.load(small, 0, to_ram=False)
+    stack.expect_read(small)
+    stack.load(ref, 0, to_ram=False)
+    stack.expect_read(ref)
+    stack.load(small, 0, to_ram=True)
+    stack.expect_read(small)
+
+    assert expected == [small.block(0)]
+
+
 def test_a_small_object_the_disk_tier_refuses_stays_in_ram(tmp_path):
     """Reads leave a small object's block out of RAM only because the disk tier holds it
     in memory already (through the page cache); one the disk tier does not take (here: a

@@ -203,6 +203,21 @@ class DiskTier(TierAccounting):
                 self._checked.add(block)
         return data
 
+    def expect_read(self, block: BlockId) -> None:
+        """Start reading the block's file into the page cache, without waiting for it, if
+        the tier holds it: the read that follows then finds it there, or waits only for what
+        is left of the device's latency."""
+        if block not in self._records:
+            return
+        try:
+            fd = os.open(self._path(block), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)
+
     def checked_file(self, block: BlockId) -> str | None:
         """The block's file, relative to the tier's root, if its contents are known good
         (see `_checked`); readers on this machine may read it in place. The file is never

@@ -185,10 +185,10 @@ class TierStack:
         Such a block is read from the disk tier, not copied into RAM as well, and once the
         disk tier holds it a fetch leaves it out of RAM too (`_fetched`): its file was
         written through the page cache (it is under DIRECT_MIN_SIZE), which keeps it in
-        memory while the kernel can, and the FUSE page cache holds the same bytes. A copy in RAM would be a third, and while the RAM tier grows every block it
-        keeps is fresh memory, dear when the machine's memory is full of page cache
-        (BENCHMARKS.md, "Small objects out of the RAM tier"). A warmup or prefetch into
-        RAM still puts it there (`load`)."""
+        memory while the kernel can, and the FUSE page cache holds the same bytes. A copy in
+        RAM would be a third, and while the RAM tier grows every block it keeps is fresh
+        memory, which the kernel must find and clear first (BENCHMARKS.md, "Small objects out
+        of the RAM tier"). A warmup or prefetch into RAM still puts it there (`load`)."""
         if not self._is_small(ref):
             return None
         data = self._read_from_ram(ref, offset, size)
@@ -203,6 +203,15 @@ class TierStack:
         self.metrics.tier_hits["disk"].inc()
         self.metrics.served_from["disk"].inc(len(data))
         return self._slice([data], offset, size, ref)
+
+    def expect_read(self, ref: ObjectRef) -> None:
+        """A reader opened the object and the kernel holds none of its pages: an object of
+        one small block that the disk tier holds starts being read from the device now, so
+        that readers of several such files wait for the device side by side rather than one
+        after another on the FUSE loop, where `_read_small` reads them."""
+        if self._is_small(ref) and (block := ref.block(0)) not in self.ram \
+                and block not in self._loading:
+            self.disk.expect_read(block)
 
     async def _fetch_small(self, ref: ObjectRef, offset: int, size: int) -> bytes | None:
         """The bytes of a one-block object that neither tier holds (`_read_small` said None):
