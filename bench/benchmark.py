@@ -32,6 +32,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -285,21 +287,27 @@ def make_mounts(args: argparse.Namespace, workdir: Path, server: s3server.Store,
 def run_rounds(args: argparse.Namespace, setup: Setup, mounts: list[Mount],
                training: TrainingPlan) -> None:
     """Each round: the core workloads on every system, then the training workloads (on
-    every system for the tree, on avafs alone for the rest, see `training.py`)."""
+    every system for the tree, on avafs alone for the rest, see `training.py`).
+
+    Each system starts with no dirty data in the page cache (`os.sync`): the kernel writes
+    dirty pages back about 30 s after they were written, so what one system wrote (a round's
+    writes leave gigabytes, the store's own files included) would otherwise be written back
+    during the next system's timed reads, competing with them for the disk and the cores."""
     core, trains = CORE in args.selected, bool(args.selected - {CORE})
     for number in range(1, args.rounds + 1):
         started = time.monotonic()
+        runs: list[Callable[[], None]] = []
         if core:
-            run_local(setup, number)
-            run_direct(setup, number)
-            for mount in mounts:
-                FuseRound(setup, mount, number).run()
+            runs += [partial(run_local, setup, number), partial(run_direct, setup, number)]
+            runs += [FuseRound(setup, mount, number).run for mount in mounts]
         if trains:
-            run_training_local(setup, training, number)
-            run_training_direct(setup, training, number)
-            for mount in mounts:
-                if training.imagenet is not None or mount.name == AVAFS:
-                    TrainingRound(setup, mount, number, training).run()
+            runs += [partial(run_training_local, setup, training, number),
+                     partial(run_training_direct, setup, training, number)]
+            runs += [TrainingRound(setup, mount, number, training).run for mount in mounts
+                     if training.imagenet is not None or mount.name == AVAFS]
+        for run in runs:
+            os.sync()
+            run()
         print(f"round {number}/{args.rounds} done in {time.monotonic() - started:.0f}s",
               file=sys.stderr, flush=True)
 
