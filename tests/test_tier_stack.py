@@ -241,7 +241,9 @@ def test_a_warmup_into_ram_puts_a_small_object_there(tmp_path, stack):
 def test_a_batch_reads_small_objects_into_the_disk_tier_once_each(tmp_path, stack):
     """A batch (`read_whole`) streams what no tier has and reads the rest from the disk tier:
     small objects end on disk, not in RAM, and one on disk is read from it once, not first
-    promoted by the batch's stream and then read again."""
+    promoted by the batch's stream and then read again; the disk tier is asked to start
+    reading all of the batch's files before the first is read (`expect_read`), so that after
+    a remount the device reads them side by side."""
     bucket = tmp_path / "batch-bucket"
     bucket.mkdir()
     contents = {f"s{number}": os.urandom(5_000 + number) for number in range(6)}
@@ -258,8 +260,17 @@ def test_a_batch_reads_small_objects_into_the_disk_tier_once_each(tmp_path, stac
         time.sleep(0.01)
     assert not any(stack.is_cached(ref, 0, "ram") for ref in refs)
     hits = stack.metrics.value(stack.metrics.hits, "disk")
+    expected: list[BlockId] = []
+    expect_read = stack.disk.expect_read
+
+    def expect_and_record(block: BlockId) -> None:
+        expected.append(block)
+        expect_read(block)
+
+    stack.disk.expect_read = expect_and_record
     assert stack.read_whole(refs) == list(contents.values())
     assert stack.metrics.value(stack.metrics.hits, "disk") == hits + len(refs)
+    assert expected == [ref.block(0) for ref in refs]
 
 
 class _GatedStore(LocalStore):

@@ -146,12 +146,14 @@ class TierStack:
         """Each object's bytes, or the error (the store's or the disk's) reading it gave, for
         a batch of whole-file readers in one thread (blocks the caller). Objects all in RAM
         are taken first, before the loads of the others can evict them; every other object
-        then starts streaming at once, so the batch waits for its slowest object, not for
-        the sum of them."""
+        then starts streaming at once, and the disk tier's files of the small ones start
+        being read (`expect_read`), so the batch waits for its slowest object, not for the
+        sum of them."""
         results: list[bytes | AvafsError | OSError | None] = [
             self._read_from_ram(ref, 0, ref.size) if ref.size else b"" for ref in refs]
         for ref, result in zip(refs, results, strict=True):
             if result is None:
+                self.expect_read(ref)
                 self.stream(ref, 0, self.block_count(ref))
         for position, ref in enumerate(refs):
             if results[position] is None:
