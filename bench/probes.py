@@ -10,6 +10,7 @@
     python3 bench/probes.py small-writes    # 2000 small files until durable: CPU, thread switches
     python3 bench/probes.py walk        # find/stat of 20,000 entries: avafs vs local disk
     python3 bench/probes.py first-walk  # a fresh mount's walk of 1,000 directories (listings)
+    python3 bench/probes.py batch-reads # batched whole-file reads after a remount
 
 They measure what a change to avafs would buy before it is made: `ranges` shows what a
 larger fetch unit gives a sequential reader, `read-size` raises the mount's read-ahead
@@ -30,6 +31,9 @@ alone, with `--base` as for `reads`. `first-walk` is the listing half of the Ima
 first epoch: a walk of a fresh mount of 1,000 directories of 10 files, each a LIST, with
 `--base` as for `reads` and `--list-latency S` to have every LIST answered S seconds late (the
 tests' fault proxy between the mount and the store), as a distant store answers.
+`batch-reads` reads 2,000 files of 110 KiB through the control socket (`Client.read_files`,
+64 a batch, as AvaMapDataset's host view does) after a remount with the cache dir's pages
+dropped, so from the disk tier's files on the device, with `--base` as for `reads`.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from urllib.parse import urlparse
@@ -294,6 +299,50 @@ def probe_walk(server: s3server.Store, workdir: Path) -> None:
     _print_medians(results)
 
 
+BATCH_FILES = 2000
+BATCH_FILE_SIZE = 110 * 1024
+BATCH = 64
+
+
+def probe_batch_reads(server: s3server.Store, workdir: Path) -> None:
+    """Batched whole-file reads after a remount (module docstring): each round and tree, a
+    fresh cache dir filled by one batched pass, then an unmount, the cache dir's pages
+    dropped, a remount, and the timed pass."""
+    from avafs.client import Client
+
+    names = [f"samples/{index // 100:03d}/{index:05d}.bin" for index in range(BATCH_FILES)]
+    client, payload = server.client(), os.urandom(BATCH_FILE_SIZE)
+    with ThreadPoolExecutor(8) as threads:
+        list(threads.map(lambda name: client.put_object(Bucket=s3server.BUCKET, Key=name,
+                                                        Body=payload), names))
+
+    def read_batches(mount: AvafsMount) -> None:
+        reader, paths = Client(mount.mountpoint), [mount.mountpoint / name for name in names]
+        for first in range(0, len(paths), BATCH):
+            if any(len(data) != BATCH_FILE_SIZE
+                   for data in reader.read_files(paths[first:first + BATCH])):
+                raise RuntimeError("a batched read returned a file of the wrong size")
+
+    results: dict[str, list[float]] = {}
+    for number in range(_ARGS.rounds):
+        for tree in _trees_in_turn(number):
+            set_aside(workdir / "cache", workdir)
+            mount = AvafsMount(server, workdir / "mnt", 2**30, 10 * 2**30)
+            mount.mount(workdir / "cache")
+            read_batches(mount)
+            mount.unmount()
+            drop_cached_pages(workdir / "cache")
+            mount.mount(workdir / "cache")
+            before = cpu_seconds(mount.pid)
+            seconds = timed(partial(read_batches, mount))
+            results.setdefault(f"{tree} remount batch files/s", []).append(
+                BATCH_FILES / seconds)
+            results.setdefault(f"{tree} remount batch daemon CPU-s", []).append(
+                cpu_seconds(mount.pid) - before)
+            mount.unmount()
+    _print_medians(results)
+
+
 FIRST_WALK_DIRECTORIES = 1000
 FIRST_WALK_FILES = 10
 """Files per directory in `first-walk`: the benchmark's ImageNet tree at --tree-files 10000."""
@@ -511,7 +560,7 @@ PROBES = {"ranges": probe_ranges, "read-size": probe_read_size, "requests": prob
           "reads": probe_reads, "pyfuse3-ceiling": probe_pyfuse3_ceiling,
           "writes": probe_writes, "write-profile": probe_write_profile,
           "small-writes": probe_small_writes, "walk": probe_walk,
-          "first-walk": probe_first_walk}
+          "first-walk": probe_first_walk, "batch-reads": probe_batch_reads}
 
 
 def main() -> int:
@@ -521,12 +570,12 @@ def main() -> int:
     parser.add_argument("--store", choices=s3server.STORES, default=s3server.STORES[0],
                         help="the S3 server on loopback (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=ROUNDS,
-                        help="rounds of `reads`, `walk` and `first-walk` (default: "
-                             "%(default)s)")
+                        help="rounds of `reads`, `walk`, `first-walk` and `batch-reads` "
+                             "(default: %(default)s)")
     parser.add_argument("--base", metavar="DIR",
-                        help="`reads`, `walk` and `first-walk`: a tree holding another avafs "
-                             "package (such as `git archive main avafs | tar -x -C DIR`), "
-                             "mounted in every round beside this one")
+                        help="`reads`, `walk`, `first-walk` and `batch-reads`: a tree holding "
+                             "another avafs package (such as `git archive main avafs | tar "
+                             "-x -C DIR`), mounted in every round beside this one")
     parser.add_argument("--list-latency", type=float, default=0.0, metavar="S",
                         help="`first-walk` only: seconds each LIST is answered late "
                              "(default: %(default)s)")
