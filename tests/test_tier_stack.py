@@ -107,6 +107,55 @@ def test_stream_promotes_disk_only_blocks_to_ram(stack, ref):
     assert _gets(stack) == requests
 
 
+def _read_sequentially(stack: TierStack, ref: ObjectRef) -> bytes:
+    """The object read block by block through `read_async` with one read-ahead state, as the
+    FUSE loop reads an open file; after each read, waits until the disk tier holds every
+    block read so far (the stream writes them behind its reader)."""
+    async def read() -> bytes:
+        read_ahead, parts = stack.new_read_ahead(), []
+        with ThreadPoolExecutor(2) as threads:
+            for index in range(stack.block_count(ref)):
+                parts.append(await stack.read_async(ref, index * BLOCK, BLOCK, read_ahead,
+                                                    threads))
+                deadline = time.monotonic() + 10
+                while not all(ref.block(done) in stack.disk for done in range(index + 1)):
+                    assert time.monotonic() < deadline, "the stream never wrote its blocks"
+                    await asyncio.sleep(0.01)
+        return b"".join(parts)
+
+    return asyncio.run(read())
+
+
+def test_a_sequential_readers_streamed_blocks_leave_ram_once_passed(tmp_path, stack, ref):
+    """Blocks a stream brought into RAM for its reader stay only until the reader has gone
+    past them, the disk tier holding them: a large file read once must not fill RAM with
+    what the disk tier and the kernel's page cache hold already. The block before the
+    current one stays (READs arrive a few at a time, not always in order)."""
+    data = _read_sequentially(stack, ref)
+
+    assert data == (tmp_path / "bucket" / "data").read_bytes()
+    in_ram = [index for index in range(BLOCKS) if stack.is_cached(ref, index, "ram")]
+    assert in_ram == [BLOCKS - 2, BLOCKS - 1]
+    assert all(stack.is_cached(ref, index, "disk") for index in range(BLOCKS))
+
+
+def test_blocks_asked_for_in_ram_stay_when_a_reader_passes_them(stack, ref):
+    """Warmups and prefetch hints into RAM (`load(to_ram=True)`) keep their blocks there,
+    whether the block was loaded for them or had come in with a reader's stream."""
+    stack.load(ref, 0, to_ram=True)
+    assert stack.stream(ref, 1, 2) == 3
+    deadline = time.monotonic() + 10
+    while not (stack.is_cached(ref, 1, "ram") and stack.is_cached(ref, 2, "ram")):
+        assert time.monotonic() < deadline, "the stream never brought its blocks"
+        time.sleep(0.01)
+    stack.load(ref, 1, to_ram=True)
+
+    _read_sequentially(stack, ref)
+
+    kept = [index for index in range(BLOCKS - 2) if stack.is_cached(ref, index, "ram")]
+    assert kept == [0, 1]
+
+
 def test_stream_mixes_promotion_and_one_request_for_the_gap(stack, ref):
     for index in range(BLOCKS // 2):
         stack.load(ref, index, to_ram=False)

@@ -55,6 +55,13 @@ CLUSTER_PIECE = 4
 conditional PUT and a GET for each missing one) before the ones this node claimed are read
 from the store in one request."""
 
+RELEASE_BEHIND = WRITE_BEHIND_BLOCKS + 2
+"""Blocks before a sequential reader's previous block that each of its reads offers to
+release from RAM: its previous block stays (the kernel sends a file's READs several at a
+time, not always in order), and a block whose disk write was still behind the stream when
+the reader passed it is offered again while the stream's write-behind (at most
+WRITE_BEHIND_BLOCKS) catches up."""
+
 WRITE_BEHIND_THREADS = 2
 """Disk writes of streamed blocks at a time: a block of 1 MiB or more is a direct write (see
 `block_files`) that keeps the device busy for milliseconds and the CPU for little, so two keep
@@ -131,15 +138,17 @@ class TierStack:
             data = await self._fetch_small(ref, offset, size)
         if data is not None:
             return data
-        if ref.size > self.block_size:  # a one-block object is loaded by `read`
-            span = block_span(offset, size, ref.size, self.block_size)
-            wanted = read_ahead.next_stream(span, self.block_count(ref)) if span else None
+        span = block_span(offset, size, ref.size, self.block_size)
+        if ref.size > self.block_size and span:  # a one-block object is loaded by `read`
+            wanted = read_ahead.next_stream(span, self.block_count(ref))
             if wanted is not None:
                 read_ahead.streamed(wanted, self.stream(ref, wanted.start, len(wanted)))
         data = self._read_from_ram(ref, offset, size)
         if data is None:
             data = await asyncio.get_running_loop().run_in_executor(threads, self.read, ref,
                                                                     offset, size)
+        if span and span.start > 1:
+            self._release(ref, range(max(0, span.start - RELEASE_BEHIND), span.start - 1))
         return data
 
     def read_whole(self, refs: list[ObjectRef]) -> list[bytes | AvafsError | OSError]:
@@ -161,7 +170,17 @@ class TierStack:
                     results[position] = self.read(ref, 0, ref.size)
                 except (AvafsError, OSError) as error:
                     results[position] = error
+                self._release(ref, range(self.block_count(ref)))
         return results
+
+    def _release(self, ref: ObjectRef, indices: range) -> None:
+        """Its reader has gone past these blocks: those a stream brought into RAM leave it,
+        if the disk tier holds them (see `RamTier.release`). One the disk tier has not taken
+        yet (its write behind the stream still to come) stays, as under the tier's own
+        policy."""
+        done = [block for index in indices if (block := ref.block(index)) in self.disk]
+        if done:
+            self.ram.release(done)
 
     def _read_from_ram(self, ref: ObjectRef, offset: int, size: int) -> bytes | None:
         """The bytes if every block is in RAM, without blocking; else None."""
@@ -325,8 +344,8 @@ class TierStack:
             elif block in self.disk:
                 # A small object's block stays on disk, where its reader reads it (see
                 # `_read_small`): promoting it would only read it twice.
-                if not self._is_small(ref) and \
-                        self._block_future(ref, index, wait_for_slot=False) is None:
+                if not self._is_small(ref) and self._block_future(
+                        ref, index, wait_for_slot=False, transient=True) is None:
                     return index
                 index += 1
             else:
@@ -381,7 +400,7 @@ class TierStack:
                                                           self._block_length(ref, block.index))
                 if data is not None:
                     self._fetched(ref, block, future, data, write_behind=True,
-                                  source="cluster")
+                                  source="cluster", transient=True)
                 else:
                     (mine if claimed else others).append((block, future))
             for stretch in _unbroken(mine):
@@ -400,7 +419,8 @@ class TierStack:
                 future.set_exception(problem)
                 self._done_loading(block)
                 continue
-            self._fetched(ref, block, future, data, write_behind=True, source=source)
+            self._fetched(ref, block, future, data, write_behind=True, source=source,
+                          transient=True)
 
     def _block_length(self, ref: ObjectRef, index: int) -> int:
         return min(self.block_size, ref.size - index * self.block_size)
@@ -420,7 +440,7 @@ class TierStack:
                 for block, future in run:
                     data = _read_exactly(body, min(self.block_size,
                                                    ref.size - block.index * self.block_size))
-                    self._fetched(ref, block, future, data, write_behind=True)
+                    self._fetched(ref, block, future, data, write_behind=True, transient=True)
                     delivered += 1
         except Exception as error:  # noqa: BLE001 - the rest is fetched block by block
             if delivered < len(run):
@@ -433,17 +453,19 @@ class TierStack:
                     future.set_exception(problem)
                     self._done_loading(block)
                     continue
-                self._fetched(ref, block, future, data)
+                self._fetched(ref, block, future, data, transient=True)
 
     def _fetched(self, ref: ObjectRef, block: BlockId, future: Future[bytes], data: bytes,
-                 to_ram: bool = True, write_behind: bool = False, source: str = "store") -> None:
+                 to_ram: bool = True, write_behind: bool = False, source: str = "store",
+                 transient: bool = False) -> None:
         """A block arrived from the store (or the cluster tier, `source`): readers first,
         then the disk tier; a load for the disk tier alone is done only once the block is
         there. A block from the store is handed to the cluster tier to fill. A small
         object's block, which readers take from the disk tier, goes into RAM only if the
         disk tier refuses it (see `_read_small`); it is written here, not behind: a small
         write, done before the block leaves `_loading`, so readers always find it in
-        `_loading`, RAM or the disk tier."""
+        `_loading`, RAM or the disk tier. `transient`: a stream fetched it for its reader
+        (see `RamTier`)."""
         self.metrics.served_from[source].inc(len(data))
         if source == "store":
             self.metrics.misses.inc()
@@ -457,7 +479,7 @@ class TierStack:
             future.set_result(data)
             self._to_disk(block, data, ram_unless_on_disk=True)
             return
-        self._admit_to_ram(block, data)
+        self._admit_to_ram(block, data, transient)
         future.set_result(data)
         if write_behind:
             self._write_behind_room.acquire()
@@ -528,13 +550,16 @@ class TierStack:
             return False
         data = future.result()
         block = ref.block(index)
-        if to_ram and block not in self.ram:
+        if to_ram and block in self.ram:
+            self.ram.keep(block)  # it may have come in with a reader's stream
+        elif to_ram:
             # Asked for in RAM, where reads leave a small object's block out (`_read_small`).
             self._admit_to_ram(block, data)
         return True
 
     def _block_future(self, ref: ObjectRef, index: int, wait_for_slot: bool,
-                      to_ram: bool = True, inline: bool = False) -> Future[bytes] | None:
+                      to_ram: bool = True, inline: bool = False,
+                      transient: bool = False) -> Future[bytes] | None:
         block = ref.block(index)
         data = self.ram.get(block)
         if data is not None:
@@ -558,17 +583,18 @@ class TierStack:
         if inline:
             self._load(ref, block, future, to_ram)
         else:
-            self._executor.submit(self._load, ref, block, future, to_ram)
+            self._executor.submit(self._load, ref, block, future, to_ram, transient)
         return future
 
-    def _load(self, ref: ObjectRef, block: BlockId, future: Future[bytes], to_ram: bool) -> None:
+    def _load(self, ref: ObjectRef, block: BlockId, future: Future[bytes], to_ram: bool,
+              transient: bool = False) -> None:
         try:
             data = self.disk.get(block)
             if data is not None:
                 self.metrics.tier_hits["disk"].inc()
                 self.metrics.served_from["disk"].inc(len(data))
                 if not self._is_small(ref):  # see `_read_small`
-                    self._admit_to_ram(block, data)
+                    self._admit_to_ram(block, data, transient)
                 future.set_result(data)
                 return
             if self.cluster is None:
@@ -581,7 +607,7 @@ class TierStack:
             # A cluster hit already cost its reader a round trip over the network: its disk
             # write goes behind the reader, as a stream's blocks do.
             self._fetched(ref, block, future, data, to_ram, write_behind=source == "cluster",
-                          source=source)
+                          source=source, transient=transient)
         except BaseException as error:  # noqa: BLE001 - delivered to every waiting reader
             if not future.done():
                 future.set_exception(error)
@@ -592,8 +618,8 @@ class TierStack:
                 self._loading.pop(block, None)
             self._slots.release()
 
-    def _admit_to_ram(self, block: BlockId, data: bytes) -> None:
-        for demoted, demoted_data in self.ram.put(block, data):
+    def _admit_to_ram(self, block: BlockId, data: bytes, transient: bool = False) -> None:
+        for demoted, demoted_data in self.ram.put(block, data, transient):
             self.metrics.evictions.labels("ram").inc()
             if demoted not in self.disk:
                 self.disk.put(demoted, demoted_data, read=False)
