@@ -10,6 +10,7 @@ the former and deleted blocks readers had just fetched; and a sweep that outlive
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 import threading
@@ -225,4 +226,25 @@ def test_expecting_a_read_of_a_block_not_held_or_gone_does_nothing(tmp_path):
     tier.expect_read(_block(2))
 
     assert tier.get(_block(2)) is None, "the gone file is found damaged when read, as before"
+    tier.close()
+
+
+def test_a_block_file_that_cannot_be_opened_is_left_to_the_read(tmp_path, monkeypatch):
+    """The hint runs in an OPEN on the FUSE loop: an error opening the block file (here, no
+    descriptors left) must not fail that OPEN."""
+    tier = _tier(tmp_path)
+    data = b"y" * 4096
+    tier.put(_block(4), data)
+    real_open = os.open
+
+    def out_of_descriptors(path, flags, *args):
+        if str(path).endswith(_block(4).file_name()):
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", out_of_descriptors)
+    tier.expect_read(_block(4))
+    monkeypatch.undo()
+
+    assert tier.get(_block(4)) == data
     tier.close()

@@ -206,15 +206,19 @@ class DiskTier(TierAccounting):
     def expect_read(self, block: BlockId) -> None:
         """Start reading the block's file into the page cache, without waiting for it, if
         the tier holds it: the read that follows then finds it there, or waits only for what
-        is left of the device's latency."""
+        is left of the device's latency. A hint: a file that is gone or cannot be opened
+        (out of descriptors, say) is left to the read, which reports what it finds, so the
+        caller (an OPEN on the FUSE loop) never fails for it."""
         if block not in self._records:
             return
         try:
             fd = os.open(self._path(block), os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
+        except OSError:
             return
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass  # the read that follows goes to the device, as without the hint
         finally:
             os.close(fd)
 
