@@ -226,10 +226,11 @@ class TierStack:
         return self._slice([data], offset, size, ref)
 
     def expect_read(self, ref: ObjectRef) -> None:
-        """A reader opened the object and the kernel holds none of its pages: an object of
-        one small block that the disk tier holds starts being read from the device now, so
-        that readers of several such files wait for the device side by side rather than one
-        after another on the FUSE loop, where `_read_small` reads them."""
+        """The object is about to be read from the daemon (an OPEN whose pages the kernel
+        does not hold, or a batch of whole-file reads): an object of one small block that
+        the disk tier holds starts being read from the device now, so that readers of
+        several such files wait for the device side by side rather than one after another
+        (on the FUSE loop, where `_read_small` reads them, or in the batch's thread)."""
         if self._is_small(ref) and (block := ref.block(0)) not in self.ram \
                 and block not in self._loading:
             self.disk.expect_read(block)
