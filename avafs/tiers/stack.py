@@ -147,9 +147,15 @@ class TierStack:
         if data is None:
             data = await asyncio.get_running_loop().run_in_executor(threads, self.read, ref,
                                                                     offset, size)
-        if span and span.start > 1:
+        if span.start > 1 and self._reaches_a_block_start(offset, size):
             self._release(ref, range(max(0, span.start - RELEASE_BEHIND), span.start - 1))
         return data
+
+    def _reaches_a_block_start(self, offset: int, size: int) -> bool:
+        """Whether [offset, offset+size) holds the first byte of a block: a sequential reader
+        offers the blocks behind it for release once per block it enters, not on each of the
+        READs it reads a block in."""
+        return -(-offset // self.block_size) * self.block_size < offset + size
 
     def read_whole(self, refs: list[ObjectRef]) -> list[bytes | AvafsError | OSError]:
         """Each object's bytes, or the error (the store's or the disk's) reading it gave, for
@@ -582,7 +588,7 @@ class TierStack:
             future: Future[bytes] = Future()
             self._loading[block] = future
         if inline:
-            self._load(ref, block, future, to_ram)
+            self._load(ref, block, future, to_ram, transient)
         else:
             self._executor.submit(self._load, ref, block, future, to_ram, transient)
         return future
