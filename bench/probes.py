@@ -311,10 +311,7 @@ def probe_batch_reads(server: s3server.Store, workdir: Path) -> None:
     from avafs.client import Client
 
     names = [f"samples/{index // 100:03d}/{index:05d}.bin" for index in range(BATCH_FILES)]
-    client, payload = server.client(), os.urandom(BATCH_FILE_SIZE)
-    with ThreadPoolExecutor(8) as threads:
-        list(threads.map(lambda name: client.put_object(Bucket=s3server.BUCKET, Key=name,
-                                                        Body=payload), names))
+    s3server.upload_small(server.client(), names, os.urandom(BATCH_FILE_SIZE))
 
     def read_batches(mount: AvafsMount) -> None:
         reader, paths = Client(mount.mountpoint), [mount.mountpoint / name for name in names]
