@@ -148,6 +148,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown or not selected:
         parser.error(f"--workloads: unknown {', '.join(sorted(unknown)) or 'none given'}; "
                      f"use some of {','.join(ALL_WORKLOADS)}")
+    if args.workdir is not None and args.workdir.is_dir() and any(args.workdir.iterdir()):
+        parser.error(f"--workdir {args.workdir} is not empty (a run leaves its store and caches "
+                     "there): remove it or pass an empty or new directory")
     args.selected = selected
     for name, default in (SMOKE if args.smoke else FULL).items():
         if getattr(args, name) is None:

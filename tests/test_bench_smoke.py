@@ -119,3 +119,13 @@ def test_unknown_workload_is_refused():
     assert result.returncode == 2
     assert "--workloads: unknown bogus; use some of core,checkpoint,imagenet,adapters,tf" \
         in result.stderr
+
+
+def test_used_workdir_is_refused(tmp_path):
+    """A run's workdir keeps its store's data; a second run there would fail half-way."""
+    (tmp_path / "seaweedfs").mkdir()
+    result = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "benchmark.py"), "--workdir", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 2
+    assert f"--workdir {tmp_path} is not empty" in result.stderr
