@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import s3server  # noqa: E402
-from common import SET_ASIDE, MiB, make_dataset, write_local  # noqa: E402
+from common import SET_ASIDE, MiB, make_dataset, used_workdir, write_local  # noqa: E402
 from mounts import (  # noqa: E402
     AvafsMount,
     JuicefsMount,
@@ -148,9 +148,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown or not selected:
         parser.error(f"--workloads: unknown {', '.join(sorted(unknown)) or 'none given'}; "
                      f"use some of {','.join(ALL_WORKLOADS)}")
-    if args.workdir is not None and args.workdir.is_dir() and any(args.workdir.iterdir()):
-        parser.error(f"--workdir {args.workdir} is not empty (a run leaves its store and caches "
-                     "there): remove it or pass an empty or new directory")
+    if used_workdir(args.workdir):
+        parser.error(used_workdir(args.workdir))
     args.selected = selected
     for name, default in (SMOKE if args.smoke else FULL).items():
         if getattr(args, name) is None:

@@ -120,3 +120,14 @@ def set_aside(path: Path, workdir: Path) -> None:
         aside = workdir / SET_ASIDE
         aside.mkdir(exist_ok=True)
         path.rename(aside / f"{path.name}-{uuid.uuid4().hex}")
+
+
+def used_workdir(workdir: Path | None) -> str | None:
+    """Why `workdir` (a --workdir option) cannot hold a new run, or None if it can: a run
+    leaves its store's data, caches and journals there, which a second run would find and
+    fail on, or replay into its own store."""
+    if workdir is not None and workdir.is_dir() and any(workdir.iterdir()):
+        return (f"--workdir {workdir} is not empty (a run leaves its store and caches there): "
+                "remove it or pass an empty or new directory")
+    return None
+

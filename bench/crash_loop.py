@@ -42,6 +42,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import boto3  # noqa: E402
 import s3server  # noqa: E402
+from common import used_workdir  # noqa: E402
 
 from avafs.host.processes import wait_for_exit  # noqa: E402
 
@@ -500,6 +501,8 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, help="where the mount and cache go")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
+    if used_workdir(args.workdir):
+        parser.error(used_workdir(args.workdir))
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="avafs-crash-loop-"))
     workdir.mkdir(parents=True, exist_ok=True)
     server = None
