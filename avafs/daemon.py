@@ -46,7 +46,7 @@ from .host.mounts import AVAFS_FSTYPE, device_mounted, mount_at, wait_until_unmo
 from .log_format import EscapingFormatter
 from .metrics import Metrics
 from .namespace import Namespace
-from .stores import ObjectStore, StoreLimits, open_cluster_bucket, open_store
+from .stores import ObjectInfo, ObjectStore, StoreLimits, open_cluster_bucket, open_store
 from .stores.instrumented import InstrumentedStore
 from .tiers.cluster import ClusterTier
 from .tiers.disk import DiskTier
@@ -133,6 +133,7 @@ class Filesystem:
         if self.writeback is not None:
             self.writeback.on_settled = self.namespace.settled
             self.writeback.on_changed = self.in_place.changed
+            self.writeback.keep_cached = self._keep_written
             self.uploader = Uploader(self.writeback, self.stores, options.upload_concurrency)
         self.cluster_member: ClusterMember | None = None
         if self.writeback is not None and options.writeback == "cluster":
@@ -163,6 +164,10 @@ class Filesystem:
         if options.metrics_addr:
             host, port = options.metrics_addr
             prometheus_client.start_http_server(port, host, registry=self.metrics.exported)
+
+    def _keep_written(self, source: str, info: ObjectInfo, path: Path) -> bool:
+        """A written file the store now has, offered as the cache's copy of that version."""
+        return self.stack.keep_written(self.namespace.object_ref(source, info), path)
 
     def _cluster_tier(self) -> ClusterTier | None:
         """The shared tier of `--cluster-cache`; a store that does not answer at mount time

@@ -75,6 +75,12 @@ class S3Server:
         self._log.close()
 
 
+def object_gets(server: S3Server, bucket: str) -> int:
+    """Object GETs of `bucket` the server has answered so far (not its listings)."""
+    return sum(1 for line in server.requests() if line.startswith(f"GET /{bucket}/")
+               and "list-type" not in line and "prefix=" not in line)
+
+
 def is_mounted(path: Path) -> bool:
     target = str(Path(path).resolve())
     with open("/proc/self/mountinfo") as mountinfo:

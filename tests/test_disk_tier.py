@@ -6,6 +6,8 @@ crash's leftovers from files written after it listed the index: once, it took th
 the former and deleted blocks readers had just fetched; and a sweep that outlived its tier's
 `close` took the next tier's blocks for leftovers. A block file whose size or checksum
 (CRC-32C, or CRC-32 in records from before) does not match its record is dropped, not served.
+A file written through the mount may be adopted as a block once the store has it: moved into
+place and indexed as if fetched, or left where it is when the tier does not take it.
 """
 
 from __future__ import annotations
@@ -247,4 +249,32 @@ def test_a_block_file_that_cannot_be_opened_is_left_to_the_read(tmp_path, monkey
     monkeypatch.undo()
 
     assert tier.get(_block(4)) == data
+    tier.close()
+
+
+def test_an_adopted_file_is_moved_into_place_and_kept_across_a_reopen(tmp_path):
+    tier = _tier(tmp_path / "tier")
+    written = tmp_path / "written"
+    written.write_bytes(b"written through the mount")
+    assert tier.adopt(_block(0), written, len(b"written through the mount"))
+    assert not written.exists()
+    assert tier.get(_block(0)) == b"written through the mount"
+    tier.close()
+    reopened = _tier(tmp_path / "tier")
+    assert reopened.get(_block(0)) == b"written through the mount"
+    reopened.close()
+
+
+def test_a_file_not_taken_is_left_where_it_is(tmp_path):
+    tier = _tier(tmp_path / "tier")
+    tier.put(_block(1), b"cached already")
+    held = tmp_path / "held"
+    held.write_bytes(b"same block, other bytes")
+    assert not tier.adopt(_block(1), held, len(b"same block, other bytes"))
+    grown = tmp_path / "grown"
+    grown.write_bytes(b"longer than its version")
+    assert not tier.adopt(_block(2), grown, 4)
+    assert held.exists() and grown.exists()
+    assert tier.get(_block(1)) == b"cached already"
+    assert tier.get(_block(2)) is None
     tier.close()

@@ -17,17 +17,12 @@ from pathlib import Path
 
 import pytest
 from sample_data import payload
-from support import unmount
+from support import object_gets, unmount
 
 from avafs.client import AvafsError, Client
 from avafs.config.cache_dir import LOCATIONS_FILE
 
 KiB = 1024
-
-
-def object_gets(server, bucket: str) -> int:
-    return sum(1 for line in server.requests() if line.startswith(f"GET /{bucket}/")
-               and "list-type" not in line and "prefix=" not in line)
 
 
 def wait_for_disk_tier(reader: Client, paths: list) -> None:

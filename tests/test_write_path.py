@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 from sample_data import payload, sha256
-from support import run_avafs, unmount
+from support import object_gets, run_avafs, unmount
 
 from avafs.client import Client
+from avafs.config.cache_dir import WRITEBACK_DIR
 from avafs.host.processes import wait_for_exit
 
 MiB = 2**20
@@ -52,6 +53,29 @@ def test_large_sequential_write_round_trip(s3_server, bucket, s3_mount):
     assert sha256(store_bytes(s3_server, bucket, "ckpt.pt")) == sha256(data)
     assert sha256((mnt / "ckpt.pt").read_bytes()) == sha256(data)
     assert os.stat(mnt / "ckpt.pt").st_size == len(data)
+
+
+def test_a_written_file_stays_cached_once_the_store_has_it(s3_server, bucket, s3_mount,
+                                                          tmp_path):
+    """Reading back what was written (a log, a small checkpoint) is a cache hit once it is
+    uploaded, on the same mount and after a remount, without a GET; the write-back keeps no
+    file behind. A file of more than one block is not kept: it would have to be copied."""
+    mnt = s3_mount("--block-size", "1MiB")
+    small, large = payload(5, 300 * 1024 + 7), payload(6, 3 * MiB)
+    (mnt / "log.txt").write_bytes(small)
+    (mnt / "ckpt.bin").write_bytes(large)
+    client = Client(mnt)
+    client.flush()
+    assert client.check([mnt / "log.txt"])["bytes_cached"] == len(small)
+    assert client.check([mnt / "ckpt.bin"])["bytes_cached"] == 0
+    assert list((tmp_path / "cache" / WRITEBACK_DIR / "data").iterdir()) == []
+
+    unmount(mnt)
+    again = s3_mount("--block-size", "1MiB", mountpoint=mnt)
+    gets = object_gets(s3_server, bucket)
+    assert (again / "log.txt").read_bytes() == small
+    assert object_gets(s3_server, bucket) == gets
+    assert (again / "ckpt.bin").read_bytes() == large
 
 
 def test_names_that_need_escaping_round_trip_through_the_store(s3_server, bucket, s3_mount):

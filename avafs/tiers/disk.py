@@ -242,22 +242,10 @@ class DiskTier(TierAccounting):
     def put(self, block: BlockId, data: bytes, read: bool = True) -> None:
         """Offers a block to the tier; `read` is False for a block that no read brought here
         (demoted from RAM), which the policy must not count as read again."""
-        size = allocated(len(data))
         path = self._path(block)
-        name = path.rpartition("/")[2]
-        with self._lock:
-            if (block in self._records or not self._lru.fits(size)
-                    or not self._lru.admits(block, size, read)):
-                return
-            victims = self._lru.victims_to_admit(size)
-            self._forget(victims)
-            # Reserve the space now so concurrent inserts cannot overrun the cap together.
-            self._lru.add(block, size)
-            self._lru.pin(block)
-            if self._written_while_sweeping is not None:
-                self._written_while_sweeping.add(name)
-        self._unlink(victims)
-        tmp = f"{self._tmp_dir}/{name}.{threading.get_ident()}"
+        if not self._admit(block, allocated(len(data)), read):
+            return
+        tmp = f"{self._tmp_dir}/{path.rpartition('/')[2]}.{threading.get_ident()}"
         try:
             self._writer.write(tmp, data)
             os.replace(tmp, path)
@@ -267,12 +255,54 @@ class DiskTier(TierAccounting):
             with self._lock:
                 self._lru.discard(block)
             return
-        crc = google_crc32c.value(data)
+        self._record(block, len(data), google_crc32c.value(data))
+
+    def adopt(self, block: BlockId, path: Path, size: int) -> bool:
+        """Takes the file at `path`, which holds exactly the block's `size` bytes and nobody
+        writes any more, as the block's file, moving it into place; False, leaving it where
+        it is, if the tier does not take it. Why: a file written through the mount is, once
+        the store has it, the block of the version the store now has, and keeping it makes
+        reading it back a hit without a second write of its bytes, and spares the file
+        system an unlink now and a create at that read (on ext4 without a journal, every
+        inode allocated soon after many unlinks scans past the recently freed ones). The
+        block's checksum is taken from the file as it is moved, so the file must hold no
+        other bytes than the version's."""
+        data = _read_at_most(str(path), size + 1)
+        if data is None or len(data) != size or not self._admit(block, allocated(size), False):
+            return False
+        try:
+            os.replace(path, self._path(block))
+        except OSError as error:  # another file system, say: the caller removes the file
+            log.info("disk tier: cannot keep %s as a cached block: %s", block.key, error)
+            with self._lock:
+                self._lru.discard(block)
+            return False
+        self._record(block, size, google_crc32c.value(data))
+        return True
+
+    def _admit(self, block: BlockId, size: int, read: bool) -> bool:
+        """Whether the block gets a place, making room for it and reserving it (pinned) if
+        so: concurrent inserts then cannot overrun the cap together."""
+        with self._lock:
+            if (block in self._records or not self._lru.fits(size)
+                    or not self._lru.admits(block, size, read)):
+                return False
+            victims = self._lru.victims_to_admit(size)
+            self._forget(victims)
+            self._lru.add(block, size)
+            self._lru.pin(block)
+            if self._written_while_sweeping is not None:
+                self._written_while_sweeping.add(block.file_name())
+        self._unlink(victims)
+        return True
+
+    def _record(self, block: BlockId, size: int, crc: int) -> None:
+        """The admitted block's file is in place: index it, so reads and remounts find it."""
         with self._lock:
             self._lru.unpin(block)
-            self._records[block] = (len(data), crc, CRC32C)
+            self._records[block] = (size, crc, CRC32C)
             self._checked.add(block)
-            self._index[block.encode().encode()] = _RECORD.pack(len(data), crc, 0,
+            self._index[block.encode().encode()] = _RECORD.pack(size, crc, 0,
                                                                 self._lru.reads(block), CRC32C)
 
     def evict_to_low_watermark(self) -> int:

@@ -28,6 +28,7 @@ import contextlib
 import logging
 import threading
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import AvafsError, StoreError
@@ -517,6 +518,15 @@ class TierStack:
     def _done_loading(self, block: BlockId) -> None:
         with self._lock:
             self._loading.pop(block, None)
+
+    def keep_written(self, ref: ObjectRef, path: Path) -> bool:
+        """Whether the disk tier took the file at `path`, which holds exactly the version
+        `ref` (a written file, once the store has it), as its cached copy (`DiskTier.adopt`).
+        Only a file of one block is taken: a larger one would have to be copied into its
+        blocks, a second write of every byte, for reads that may never come."""
+        if not 0 < ref.size <= self.block_size:
+            return False
+        return self.disk.adopt(ref.block(0), path, ref.size)
 
     def is_cached(self, ref: ObjectRef, index: int, tier: str) -> bool:
         """Whether a block is already in `tier` ("ram", or "disk", where RAM counts too, or

@@ -52,6 +52,7 @@ from .streaming import StreamUploads
 log = logging.getLogger(__name__)
 
 Settled = Callable[[str, str, ObjectInfo | None], None]
+KeepCached = Callable[[str, ObjectInfo, Path], bool]
 ReadObject = Callable[[ObjectRef, int, int], bytes]
 """Reads `size` bytes at `offset` of an object version (blocks): how an existing object is
 copied in when it is first opened for writing."""
@@ -92,6 +93,11 @@ class WriteBack:
         just before its pending state goes."""
         self.on_changed: Callable[[str, str], None] = lambda source, key: None
         """Called with (source, key) when the key's pending state comes or goes."""
+        self.keep_cached: KeepCached = lambda source, info, path: False
+        """Offered, with the lock held, the data file of a state that just settled as the
+        version `info` of the source's key, once nothing else holds the file: True if it
+        took the file (moved it away; the cache keeps it), else the file is removed. The lock
+        order is this lock, then whatever the taker locks."""
         self.streams: StreamUploads | None = None
         """Uploads of files while they are written, where the stores take parts."""
         self.cluster: ClusterQueue | None = None
@@ -192,7 +198,9 @@ class WriteBack:
         self._by_dir.setdefault((entry.source, parent_prefix(entry.key)), set()).add(entry.key)
         self.on_changed(entry.source, entry.key)
 
-    def _unindex(self, entry: Pending) -> None:
+    def _unindex(self, entry: Pending, stored: ObjectInfo | None = None) -> None:
+        """`stored`: the version the store now has of the entry, whose bytes its data file
+        holds, which the cache may keep (`keep_cached`)."""
         if self._pending.get(entry.slot) is not entry:
             return
         del self._pending[entry.slot]
@@ -208,7 +216,7 @@ class WriteBack:
                 del self._by_dir[(entry.source, parent_prefix(entry.key))]
         self.on_changed(entry.source, entry.key)
         if entry.file:
-            self._release_file(entry.file)
+            self._release_file(entry.file, None if stored is None else (entry.source, stored))
 
     def _read_by_other_copies(self, entry: Pending) -> bool:
         """Whether pending copies other than `entry` itself read its key (a change of
@@ -223,12 +231,16 @@ class WriteBack:
             if self._copy_sources[source] <= 0:
                 del self._copy_sources[source]
 
-    def _release_file(self, name: str) -> None:
+    def _release_file(self, name: str, stored: tuple[str, ObjectInfo] | None = None) -> None:
+        """`stored`: (source, version) the file's bytes are in the store, if the cache may
+        keep it (`keep_cached`) when this was its last holder."""
         self._file_refs[name] -= 1
         if self._file_refs[name] <= 0:
             del self._file_refs[name]
             self.dirty_bytes -= self._file_dirty.pop(name, 0)
-            (self.data_dir / name).unlink(missing_ok=True)
+            path = self.data_dir / name
+            if stored is None or not self.keep_cached(*stored, path):
+                path.unlink(missing_ok=True)
 
     def _charge(self, entry: Pending) -> None:
         """Count the entry's data file, while it lives, as what it takes on disk."""
@@ -841,7 +853,9 @@ class WriteBack:
         is not cached would show its size from before its writes)."""
         self.on_settled(entry.source, entry.key, info)
         self.journal.remove(entry)
-        self._unindex(entry)
+        kept = entry.kind == DATA and entry.file and info is not None and \
+            info.size == entry.size and self._file_refs[entry.file] == 1
+        self._unindex(entry, info if kept else None)
         self._account()
 
     def failed(self, entry: Pending, error: Exception) -> None:
