@@ -75,7 +75,8 @@ class DirtySpace(Protocol):
 class WriteBack:
     """The dirty files and pending states of one mount. It knows no tier and no namespace: it
     is handed how to read an object's version (to copy it in) and the disk space it shares
-    with the cache, and tells who listens through `on_settled` and `on_changed`."""
+    with the cache, tells who listens through `on_settled` and `on_changed`, and offers the
+    files it no longer needs through `keep_cached`."""
 
     def __init__(self, directory: Path, read_object: ReadObject, space: DirtySpace,
                  metrics: Metrics, dirty_limit: int, sync_uploads: bool, delay: float) -> None:
