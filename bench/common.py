@@ -130,4 +130,3 @@ def used_workdir(workdir: Path | None) -> str | None:
         return (f"--workdir {workdir} is not empty (a run leaves its store and caches there): "
                 "remove it or pass an empty or new directory")
     return None
-

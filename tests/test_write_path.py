@@ -78,6 +78,22 @@ def test_a_written_file_stays_cached_once_the_store_has_it(s3_server, bucket, s3
     assert (again / "ckpt.bin").read_bytes() == large
 
 
+def test_a_written_file_held_open_when_it_settles_is_not_kept(s3_server, bucket, s3_mount,
+                                                             tmp_path):
+    """Only a data file nothing else holds may become a cached block: a handle still open on
+    it (here a reader; a file unlinked while open may even be written again through
+    /proc/PID/fd) could change what the block would claim to be. It goes at the last close,
+    and the next read is the store's."""
+    mnt = s3_mount("--block-size", "1MiB", "--writeback-delay", "3600")
+    data = payload(7, 200 * 1024)
+    (mnt / "held.bin").write_bytes(data)
+    with open(mnt / "held.bin", "rb") as held:
+        Client(mnt).flush()
+        assert held.read() == data
+    assert Client(mnt).check([mnt / "held.bin"])["bytes_cached"] == 0
+    assert list((tmp_path / "cache" / WRITEBACK_DIR / "data").iterdir()) == []
+
+
 def test_names_that_need_escaping_round_trip_through_the_store(s3_server, bucket, s3_mount):
     """Object keys go into signed request URLs: spaces, '+', '%', '=', '&', '?', '#' and
     non-ASCII must reach the store as written and read back from it."""

@@ -854,8 +854,7 @@ class WriteBack:
         is not cached would show its size from before its writes)."""
         self.on_settled(entry.source, entry.key, info)
         self.journal.remove(entry)
-        kept = entry.kind == DATA and entry.file and info is not None and \
-            info.size == entry.size and self._file_refs[entry.file] == 1
+        kept = entry.kind == DATA and info is not None and info.size == entry.size
         self._unindex(entry, info if kept else None)
         self._account()
 
