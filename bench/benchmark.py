@@ -148,8 +148,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown or not selected:
         parser.error(f"--workloads: unknown {', '.join(sorted(unknown)) or 'none given'}; "
                      f"use some of {','.join(ALL_WORKLOADS)}")
-    if used_workdir(args.workdir):
-        parser.error(used_workdir(args.workdir))
+    if problem := used_workdir(args.workdir):
+        parser.error(problem)
     args.selected = selected
     for name, default in (SMOKE if args.smoke else FULL).items():
         if getattr(args, name) is None:

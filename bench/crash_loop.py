@@ -501,8 +501,8 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, help="where the mount and cache go")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
-    if used_workdir(args.workdir):
-        parser.error(used_workdir(args.workdir))
+    if problem := used_workdir(args.workdir):
+        parser.error(problem)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="avafs-crash-loop-"))
     workdir.mkdir(parents=True, exist_ok=True)
     server = None

@@ -267,18 +267,20 @@ class DiskTier(TierAccounting):
         inode allocated soon after many unlinks scans past the recently freed ones). The
         block's checksum is taken from the file as it is moved, so the file must hold no
         other bytes than the version's."""
+        if not self._admit(block, allocated(size), False):
+            return False
         data = _read_at_most(str(path), size + 1)
-        if data is None or len(data) != size or not self._admit(block, allocated(size), False):
-            return False
-        try:
-            os.replace(path, self._path(block))
-        except OSError as error:  # another file system, say: the caller removes the file
-            log.info("disk tier: cannot keep %s as a cached block: %s", block.key, error)
-            with self._lock:
-                self._lru.discard(block)
-            return False
-        self._record(block, size, google_crc32c.value(data))
-        return True
+        if data is not None and len(data) == size:
+            try:
+                os.replace(path, self._path(block))
+            except OSError as error:  # another file system, say: the caller removes the file
+                log.info("disk tier: cannot keep %s as a cached block: %s", block.key, error)
+            else:
+                self._record(block, size, google_crc32c.value(data))
+                return True
+        with self._lock:
+            self._lru.discard(block)
+        return False
 
     def _admit(self, block: BlockId, size: int, read: bool) -> bool:
         """Whether the block gets a place, making room for it and reserving it (pinned) if
