@@ -11,6 +11,7 @@
     python3 bench/probes.py walk        # find/stat of 20,000 entries: avafs vs local disk
     python3 bench/probes.py first-walk  # a fresh mount's walk of 1,000 directories (listings)
     python3 bench/probes.py batch-reads # batched whole-file reads after a remount
+    python3 bench/probes.py page-cache  # a cached file read through avafs vs local: folio sizes
 
 They measure what a change to avafs would buy before it is made: `ranges` shows what a
 larger fetch unit gives a sequential reader, `read-size` raises the mount's read-ahead
@@ -34,14 +35,21 @@ tests' fault proxy between the mount and the store), as a distant store answers.
 `batch-reads` reads 2,000 files of 110 KiB through the control socket (`Client.read_files`,
 64 a batch, as AvaMapDataset's host view does) after a remount with the cache dir's pages
 dropped, so from the disk tier's files on the device, with `--base` as for `reads`.
+`page-cache` reads a 256 MiB file held in the page cache, through avafs and on local disk, with
+1 MiB reads, and counts how the kernel holds each file's cached pages (single pages or large
+folios, from /proc/self/pagemap and /proc/kpageflags, which need root): a warm read of a large
+file that reaches no daemon copies from those pages, so its rate is the kernel's alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import mmap
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -422,6 +430,73 @@ def probe_pyfuse3_ceiling(server: s3server.Store, workdir: Path) -> None:
         process.wait(timeout=30)
 
 
+PAGE = 4096
+_PAGEMAP_PRESENT = 1 << 63
+_PAGEMAP_FRAME = (1 << 55) - 1
+_KPF_COMPOUND_HEAD = 1 << 15
+_KPF_COMPOUND_TAIL = 1 << 16
+
+
+def _folio_shares(path: Path, pages: int = 16384) -> str:
+    """How the kernel holds the first `pages` cached pages of `path`: each present page is a
+    page of its own, or the head or a tail of a large folio (a compound page)."""
+    counts: collections.Counter[str] = collections.Counter()
+    with open(path, "rb") as file, \
+            mmap.mmap(file.fileno(), 0, prot=mmap.PROT_READ) as mapping:
+        pages = min(pages, len(mapping) // PAGE)
+        for index in range(pages):
+            mapping[index * PAGE]  # maps the cached page into this process
+        start = next(int(line.split("-")[0], 16)
+                     for line in Path("/proc/self/maps").read_text().splitlines()
+                     if line.endswith(str(path)))
+        try:
+            with open("/proc/self/pagemap", "rb") as pagemap, \
+                    open("/proc/kpageflags", "rb") as page_flags:
+                for index in range(pages):
+                    pagemap.seek((start // PAGE + index) * 8)
+                    (entry,) = struct.unpack("<Q", pagemap.read(8))
+                    if not entry & _PAGEMAP_PRESENT or not entry & _PAGEMAP_FRAME:
+                        counts["not visible"] += 1
+                        continue
+                    page_flags.seek((entry & _PAGEMAP_FRAME) * 8)
+                    (flags,) = struct.unpack("<Q", page_flags.read(8))
+                    counts["folio head" if flags & _KPF_COMPOUND_HEAD else
+                           "folio tail" if flags & _KPF_COMPOUND_TAIL else "single"] += 1
+        except PermissionError:
+            return "page flags not readable (needs root)"
+    heads = counts["folio head"]
+    folios = (f"{heads} large folios of {(heads + counts['folio tail']) * PAGE / heads / 1024:.0f}"
+              " KiB on average" if heads else "no large folio")
+    return (f"of its first {pages} pages {counts['single']} single pages, {folios}, "
+            f"{counts['not visible']} not visible")
+
+
+def probe_page_cache(server: s3server.Store, workdir: Path) -> None:
+    name, size = "large/cached.bin", 256 * MiB
+    root = workdir / "data"
+    (root / "large").mkdir(parents=True)
+    (root / name).write_bytes(os.urandom(size))
+    local = workdir / "local.bin"
+    shutil.copyfile(root / name, local)
+    mount = _avafs_mount(server, workdir, [name], root)
+    paths = {"local": local, "avafs": mount.mountpoint / name}
+    rates: dict[str, list[float]] = {label: [] for label in paths}
+    try:
+        for path in paths.values():
+            read_all(path.parent, [path.name], threads=1)  # into the page cache
+        for _ in range(_ARGS.rounds):
+            for label, path in paths.items():
+                total, seconds = read_all(path.parent, [path.name], threads=1)
+                rates[label].append(total / seconds / 1e6)
+        for label, path in paths.items():
+            print(f"{label:5}  {median(rates[label]):7.0f} MB/s from the page cache (rounds: "
+                  f"{', '.join(f'{rate:.0f}' for rate in rates[label])}); "
+                  f"{_folio_shares(path)}")
+        print(f"avafs / local {median(rates['avafs']) / median(rates['local']):.2f}")
+    finally:
+        mount.unmount()
+
+
 def _large_write_mount(server: s3server.Store, workdir: Path) -> tuple[WritePlan, AvafsMount]:
     """The benchmark's 1 GiB write, and a mount with the benchmark's cache sizes to take it."""
     return WritePlan.make(2**30, 0, 0), _bench_mount(server, workdir)
@@ -557,7 +632,8 @@ PROBES = {"ranges": probe_ranges, "read-size": probe_read_size, "requests": prob
           "reads": probe_reads, "pyfuse3-ceiling": probe_pyfuse3_ceiling,
           "writes": probe_writes, "write-profile": probe_write_profile,
           "small-writes": probe_small_writes, "walk": probe_walk,
-          "first-walk": probe_first_walk, "batch-reads": probe_batch_reads}
+          "first-walk": probe_first_walk, "batch-reads": probe_batch_reads,
+          "page-cache": probe_page_cache}
 
 
 def main() -> int:
@@ -567,7 +643,8 @@ def main() -> int:
     parser.add_argument("--store", choices=s3server.STORES, default=s3server.STORES[0],
                         help="the S3 server on loopback (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=ROUNDS,
-                        help="rounds of `reads`, `walk`, `first-walk` and `batch-reads` "
+                        help="rounds of `reads`, `walk`, `first-walk`, `batch-reads` and "
+                             "`page-cache` "
                              "(default: %(default)s)")
     parser.add_argument("--base", metavar="DIR",
                         help="`reads`, `walk`, `first-walk` and `batch-reads`: a tree holding "
