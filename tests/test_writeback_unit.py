@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 import time
 from pathlib import Path
 from typing import BinaryIO
@@ -16,6 +17,7 @@ from avafs.errors import StoreError
 from avafs.stores.base import ObjectInfo
 from avafs.stores.local import LocalStore
 from avafs.stores.metadata import Attrs
+from avafs.writeback import uploader
 from avafs.writeback.pending import DATA, DELETED
 
 
@@ -31,6 +33,29 @@ class PolicyStore(LocalStore):
         if key.startswith(self.refused_prefix):
             raise StoreError(f"access denied to {key}", permanent=True)
         return super().put(key, body, size, mtime, attrs)
+
+
+class MeteredStore(LocalStore):
+    """A local bucket whose every PUT lasts a while, as a distant store's does, and which
+    notes the sizes of the PUTs in flight when each starts."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self._lock = threading.Lock()
+        self._in_flight: dict[str, int] = {}
+        self.seen: list[tuple[str, dict[str, int]]] = []
+
+    def put(self, key: str, body: BinaryIO, size: int, mtime: float | None = None,
+            attrs: Attrs | None = None) -> ObjectInfo:
+        with self._lock:
+            self._in_flight[key] = size
+            self.seen.append((key, dict(self._in_flight)))
+        try:
+            time.sleep(0.2)
+            return super().put(key, body, size, mtime, attrs)
+        finally:
+            with self._lock:
+                del self._in_flight[key]
 
 
 def test_a_committed_write_is_pending_and_dirty_until_flushed(side):
@@ -180,3 +205,30 @@ def test_a_sparse_file_counts_the_blocks_it_has(side):
     finally:
         os.close(fd)
         side.writeback.release_writer(pending)
+
+
+def test_uploads_go_up_together_within_their_memory_budget(tmp_path, monkeypatch):
+    """Many small files go up at once (one uploader each); what the uploads hold together stays
+    within the budget; a file larger than the whole budget still goes up, alone."""
+    monkeypatch.setattr(uploader, "UPLOAD_MEMORY", 256 * 1024)
+    store = MeteredStore(tmp_path / "bucket")
+    side = LocalWriteSide(tmp_path, store=store)
+    try:
+        small = {f"small/{index:02d}.bin": os.urandom(4096) for index in range(12)}
+        large = {f"large/{index}.bin": os.urandom(100 * 1024) for index in range(4)}
+        huge = {"huge.bin": os.urandom(300 * 1024)}
+        for directory in ("small", "large"):
+            (side.bucket / directory).mkdir()
+        for path, data in {**small, **large, **huge}.items():
+            side.write(path, data)
+        side.uploader = uploader.Uploader(side.writeback, {"": store}, workers=16)
+        assert side.flush(timeout=60)["upload_queue"] == 0
+        assert store_files(side.bucket) == {**small, **large, **huge}
+        assert max(len(flight) for _, flight in store.seen) >= 8
+        for key, flight in store.seen:
+            if key == "huge.bin":
+                assert flight == {"huge.bin": 300 * 1024}
+            else:
+                assert sum(flight.values()) <= 256 * 1024, flight
+    finally:
+        side.close()

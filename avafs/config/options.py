@@ -218,8 +218,9 @@ MOUNT_OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("dirty_high_watermark", _fraction, 0.5,
                "share of the disk tier dirty data may use before writers are slowed and uploads "
                "run eagerly (default 0.5)", metavar="F"),
-    OptionSpec("upload_concurrency", _positive_count, 4,
-               "files uploaded at once (default 4)", metavar="N"),
+    OptionSpec("upload_concurrency", _positive_count, 16,
+               "files uploaded at once (default 16; their memory is bounded apart, 256 MiB)",
+               metavar="N"),
     OptionSpec("endpoint_url", _endpoint, None,
                "S3 endpoint (default: AWS_ENDPOINT_URL or AWS itself)", metavar="URL"),
     OptionSpec("region", _text, None, "S3 region (default: the AWS configuration's)", metavar="REGION"),

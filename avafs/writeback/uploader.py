@@ -25,8 +25,20 @@ from .file_views import FileView
 from .manager import WriteBack
 from .pending import COPY, DATA, DELETED, Pending
 from .streaming import STREAM_FROM, StreamUploads
+from .upload_memory import UploadMemory
 
 log = logging.getLogger(__name__)
+
+UPLOAD_MEMORY = 4 * STREAM_FROM
+"""Bytes the uploads in flight may hold together: what four of the largest ones held when
+there were four uploaders."""
+
+
+def _memory_held(entry: Pending) -> int:
+    """What uploading `entry` holds in memory: a body sent in one PutObject is read whole
+    (files below STREAM_FROM), a larger file keeps its parts in flight (STREAM_FROM of them,
+    streaming.py and the store's managed upload alike); a deletion or a copy holds nothing."""
+    return min(entry.size, STREAM_FROM) if entry.kind == DATA else 0
 
 
 class ChangedDuringUpload(Exception):
@@ -56,6 +68,7 @@ class Uploader:
                                      writeback.journal)
         writeback.streams = self.streams
         self._stopping = False
+        self._memory = UploadMemory(UPLOAD_MEMORY)
         self._threads = [threading.Thread(target=self._work, daemon=True,
                                           name=f"avafs-upload-{number}")
                          for number in range(workers)]
@@ -77,7 +90,8 @@ class Uploader:
         while (entry := self._claim()) is not None:
             generation = entry.generation
             try:
-                info = self._apply(entry, generation)
+                with self._memory.held(_memory_held(entry)):
+                    info = self._apply(entry, generation)
             except Exception as error:  # noqa: BLE001 - every failure is retried
                 self.writeback.failed(entry, error)
                 continue
