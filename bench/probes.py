@@ -27,7 +27,8 @@ daemon and the server; `write-profile` samples the daemon with perf during that 
 splits its CPU between the kernel, Python and the libraries (libcrypto: SigV4's SHA-256 of
 each part over plain HTTP; libz: the part's CRC32). `small-writes` writes 2000 small files
 through avafs until they are in the store and uploads as many directly, printing the daemon's
-CPU and context switches per file next to the ratio. `walk` is the benchmark's find/stat
+CPU and context switches per file next to the ratio; with `--latency S` both go through the
+tests' fault proxy, which holds every answer S seconds, as a distant store's come. `walk` is the benchmark's find/stat
 alone, with `--base` as for `reads`. `first-walk` is the listing half of the ImageNet tree's
 first epoch: a walk of a fresh mount of 1,000 directories of 10 files, each a LIST, with
 `--base` as for `reads` and `--list-latency S` to have every LIST answered S seconds late (the
@@ -604,12 +605,20 @@ def probe_small_writes(server: s3server.Store, workdir: Path) -> None:
     the ratio mostly follows this server's rate of PutObjects."""
     _require("perf", "linux-perf", "small-writes")
     plan = WritePlan.make(0, 2000, 100 * 1024)
-    mount = _bench_mount(server, workdir)
+    proxy = None
+    if _ARGS.latency:
+        proxy = FaultProxy(urlparse(server.endpoint).port, rate=10**10, latency=_ARGS.latency)
+        proxy.mode = "link"
+        print(f"every answer of the store {_ARGS.latency:g} s late, for avafs and the direct "
+              "upload alike")
+    endpoint = proxy.endpoint if proxy else server.endpoint
+    client = s3server.make_client(endpoint)
+    mount = _bench_mount(SimpleNamespace(endpoint=endpoint), workdir)
     ratios: list[float] = []
     try:
         for number in range(ROUNDS):
             direct = timed(lambda number=number: s3server.upload_small(
-                server.client(), plan.small_names(f"direct-r{number}"), plan.small_payload))
+                client, plan.small_names(f"direct-r{number}"), plan.small_payload))
             before = cpu_seconds(mount.pid)
 
             def write_until_durable(number: int = number) -> None:
@@ -625,6 +634,8 @@ def probe_small_writes(server: s3server.Store, workdir: Path) -> None:
                   "per file", flush=True)
     finally:
         mount.unmount()
+        if proxy is not None:
+            proxy.close()
     print(f"ratio   {median(ratios):.2f}x direct (median of the rounds)")
 
 
@@ -653,6 +664,9 @@ def main() -> int:
     parser.add_argument("--list-latency", type=float, default=0.0, metavar="S",
                         help="`first-walk` only: seconds each LIST is answered late "
                              "(default: %(default)s)")
+    parser.add_argument("--latency", type=float, default=0.0, metavar="S",
+                        help="`small-writes` only: seconds every answer of the store comes "
+                             "late, as from a distant store (default: %(default)s)")
     parser.add_argument("--only", metavar="PHASES",
                         help=f"`reads` only: comma-separated phases of {', '.join(READ_PHASES)} "
                              "(default: all)")
