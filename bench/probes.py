@@ -28,8 +28,8 @@ splits its CPU between the kernel, Python and the libraries (libcrypto: SigV4's 
 each part over plain HTTP; libz: the part's CRC32). `small-writes` writes 2000 small files
 through avafs until they are in the store and uploads as many directly, printing the daemon's
 CPU and context switches per file next to the ratio; with `--latency S` both go through the
-tests' fault proxy, which holds every answer S seconds, as a distant store's come. `walk` is the benchmark's find/stat
-alone, with `--base` as for `reads`. `first-walk` is the listing half of the ImageNet tree's
+tests' fault proxy, which holds every answer S seconds, as a distant store's answers come.
+`walk` is the benchmark's find/stat alone, with `--base` as for `reads`. `first-walk` is the listing half of the ImageNet tree's
 first epoch: a walk of a fresh mount of 1,000 directories of 10 files, each a LIST, with
 `--base` as for `reads` and `--list-latency S` to have every LIST answered S seconds late (the
 tests' fault proxy between the mount and the store), as a distant store answers.
@@ -604,14 +604,21 @@ def probe_small_writes(server: s3server.Store, workdir: Path) -> None:
     daemon's CPU and thread switches per file: changes to the write path move those, while
     the ratio mostly follows this server's rate of PutObjects."""
     _require("perf", "linux-perf", "small-writes")
+    if not _ARGS.latency:
+        _small_write_rounds(server.endpoint, workdir)
+        return
+    proxy = FaultProxy(urlparse(server.endpoint).port, rate=10**10, latency=_ARGS.latency)
+    proxy.mode = "link"
+    print(f"every answer of the store {_ARGS.latency:g} s late, for avafs and the direct upload "
+          "alike")
+    try:
+        _small_write_rounds(proxy.endpoint, workdir)
+    finally:
+        proxy.close()
+
+
+def _small_write_rounds(endpoint: str, workdir: Path) -> None:
     plan = WritePlan.make(0, 2000, 100 * 1024)
-    proxy = None
-    if _ARGS.latency:
-        proxy = FaultProxy(urlparse(server.endpoint).port, rate=10**10, latency=_ARGS.latency)
-        proxy.mode = "link"
-        print(f"every answer of the store {_ARGS.latency:g} s late, for avafs and the direct "
-              "upload alike")
-    endpoint = proxy.endpoint if proxy else server.endpoint
     client = s3server.make_client(endpoint)
     mount = _bench_mount(SimpleNamespace(endpoint=endpoint), workdir)
     ratios: list[float] = []
@@ -634,8 +641,6 @@ def probe_small_writes(server: s3server.Store, workdir: Path) -> None:
                   "per file", flush=True)
     finally:
         mount.unmount()
-        if proxy is not None:
-            proxy.close()
     print(f"ratio   {median(ratios):.2f}x direct (median of the rounds)")
 
 
