@@ -28,8 +28,12 @@ class UploadMemory:
 
     @contextlib.contextmanager
     def held(self, size: int) -> Iterator[None]:
-        """Holds min(size, limit) bytes of the budget for the duration; waits until they fit."""
+        """Holds min(size, limit) bytes of the budget for the duration; waits until they fit.
+        A share of nothing (a deletion, a copy) neither waits nor wakes the waiters."""
         share = min(size, self._limit)
+        if not share:
+            yield
+            return
         with self._returned:
             self._returned.wait_for(lambda: self._free >= share)
             self._free -= share
