@@ -12,6 +12,7 @@
     python3 bench/probes.py first-walk  # a fresh mount's walk of 1,000 directories (listings)
     python3 bench/probes.py batch-reads # batched whole-file reads after a remount
     python3 bench/probes.py page-cache  # a cached file read through avafs vs local: folio sizes
+    python3 bench/probes.py per-connection  # cold large from a store bounding each connection
 
 They measure what a change to avafs would buy before it is made: `ranges` shows what a
 larger fetch unit gives a sequential reader, `read-size` raises the mount's read-ahead
@@ -40,12 +41,17 @@ dropped, so from the disk tier's files on the device, with `--base` as for `read
 1 MiB reads, and counts how the kernel holds each file's cached pages (single pages or large
 folios, from /proc/self/pagemap and /proc/kpageflags, which need root): a warm read of a large
 file that reaches no daemon copies from those pages, so its rate is the kernel's alone.
+`per-connection` reads large files cold through the tests' fault proxy serving each connection
+at `--rate` MB/s, as a cloud store bounds a connection, beside the direct 8-thread download
+through it, with `--base` as for `reads`: what one sequential reader gets from its streams'
+pieces side by side.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import mmap
 import os
 import shutil
@@ -54,6 +60,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -283,6 +290,61 @@ def probe_reads(server: s3server.Store, workdir: Path) -> None:
                         cpu_seconds(mount.pid) - before)
             mount.unmount()
     _print_medians(results)
+
+
+def probe_per_connection(server: s3server.Store, workdir: Path) -> None:
+    """Cold reads of 2 x 64 MiB by one reader (1 MiB reads, as the benchmark's cold large)
+    through a store that serves each connection at `--rate` MB/s each way, as cloud object
+    stores bound a connection (the tests' fault proxy in "slow" mode), against the direct
+    8-thread download through the same proxy; each avafs tree in turn (`--base`). Also prints
+    the most connections each avafs read had open through the proxy at once."""
+    dataset = make_dataset(2, 64 * MiB, 0, 0)
+    write_local(workdir / "data", dataset)
+    s3server.upload_files(server.client(), workdir / "data", dataset.large)
+    proxy = FaultProxy(urlparse(server.endpoint).port, rate=int(_ARGS.rate * 1e6))
+    proxy.mode = "slow"
+    client = s3server.make_client(proxy.endpoint)
+    store = SimpleNamespace(endpoint=proxy.endpoint)
+    results: dict[str, list[float]] = {}
+    try:
+        for number in range(_ARGS.rounds):
+            size, seconds = timed_bytes(lambda: s3server.download_transfer(client,
+                                                                           dataset.large))
+            results.setdefault("direct   large MB/s", []).append(size / seconds / 1e6)
+            for tree in _trees_in_turn(number):
+                set_aside(workdir / "cache", workdir)
+                mount = AvafsMount(store, workdir / "mnt", 2**30, 10 * 2**30)
+                mount.mount(workdir / "cache")
+                with _most_connections(proxy) as most:
+                    size, seconds = read_all(mount.mountpoint, dataset.large, 1)
+                results.setdefault(f"{tree} cold large MB/s", []).append(size / seconds / 1e6)
+                results.setdefault(f"{tree} connections added, most", []).append(most[0])
+                mount.unmount()
+    finally:
+        proxy.close()
+    print(f"every connection served at {_ARGS.rate:g} MB/s each way")
+    _print_medians(results)
+
+
+@contextlib.contextmanager
+def _most_connections(proxy: FaultProxy) -> Iterator[list[int]]:
+    """The most connections open through `proxy` while the block runs beyond those open when
+    it began (the direct download's, kept alive), sampled every 10 ms, in the one-item list
+    it yields (filled in when the block ends)."""
+    before, most = proxy.connections, [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.01):
+            most[0] = max(most[0], proxy.connections - before)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield most
+    finally:
+        done.set()
+        sampler.join()
 
 
 def probe_walk(server: s3server.Store, workdir: Path) -> None:
@@ -649,7 +711,7 @@ PROBES = {"ranges": probe_ranges, "read-size": probe_read_size, "requests": prob
           "writes": probe_writes, "write-profile": probe_write_profile,
           "small-writes": probe_small_writes, "walk": probe_walk,
           "first-walk": probe_first_walk, "batch-reads": probe_batch_reads,
-          "page-cache": probe_page_cache}
+          "page-cache": probe_page_cache, "per-connection": probe_per_connection}
 
 
 def main() -> int:
@@ -659,11 +721,12 @@ def main() -> int:
     parser.add_argument("--store", choices=s3server.STORES, default=s3server.STORES[0],
                         help="the S3 server on loopback (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=ROUNDS,
-                        help="rounds of `reads`, `walk`, `first-walk`, `batch-reads` and "
-                             "`page-cache` "
+                        help="rounds of `reads`, `walk`, `first-walk`, `batch-reads`, "
+                             "`page-cache` and `per-connection` "
                              "(default: %(default)s)")
     parser.add_argument("--base", metavar="DIR",
-                        help="`reads`, `walk`, `first-walk` and `batch-reads`: a tree holding "
+                        help="`reads`, `walk`, `first-walk`, `batch-reads` and `per-connection`: "
+                             "a tree holding "
                              "another avafs package (such as `git archive main avafs | tar "
                              "-x -C DIR`), mounted in every round beside this one")
     parser.add_argument("--list-latency", type=float, default=0.0, metavar="S",
@@ -672,6 +735,9 @@ def main() -> int:
     parser.add_argument("--latency", type=float, default=0.0, metavar="S",
                         help="`small-writes` only: seconds every answer of the store comes "
                              "late, as from a distant store (default: %(default)s)")
+    parser.add_argument("--rate", type=float, default=32.0, metavar="MB/S",
+                        help="`per-connection` only: MB/s the store serves each connection "
+                             "(default: %(default)s)")
     parser.add_argument("--only", metavar="PHASES",
                         help=f"`reads` only: comma-separated phases of {', '.join(READ_PHASES)} "
                              "(default: all)")

@@ -67,6 +67,12 @@ class FaultProxy:
     def mode(self) -> str:
         return self._mode
 
+    @property
+    def connections(self) -> int:
+        """Client connections open through the proxy now (idle kept-alive ones included)."""
+        with self._lock:
+            return len(self._relayed)
+
     @mode.setter
     def mode(self, mode: str) -> None:
         with self._lock:

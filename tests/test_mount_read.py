@@ -14,6 +14,7 @@ import pytest
 from sample_data import Bucket, payload, sha256
 
 from avafs.client import Client
+from avafs.tiers.stack import STREAM_PIECE
 
 MiB = 2**20
 
@@ -47,10 +48,14 @@ def test_large_file_is_bit_exact(source, mount):
 def test_a_sequential_read_takes_a_short_tail_with_its_first_stream(s3_server, bucket, mount,
                                                                    blocks, expected_gets):
     """The default window is 8 blocks: a tail of 6 more joins the first stream; 12 more
-    do not, and come with the second, doubled window."""
-    data = payload(3, (blocks - 1) * MiB + 5)
+    do not, and come with the second, doubled window. Blocks of 512 KiB, so that a stream
+    of up to 16 of them is one GET (a stream goes in pieces of STREAM_PIECE bytes)."""
+    block = MiB // 2
+    assert 16 * block <= STREAM_PIECE
+    data = payload(3, (blocks - 1) * block + 5)
     s3_server.client().put_object(Bucket=bucket, Key="seq.bin", Body=data)
-    mnt = mount(f"s3://{bucket}", "--endpoint-url", s3_server.endpoint, "--block-size", "1MiB")
+    mnt = mount(f"s3://{bucket}", "--endpoint-url", s3_server.endpoint, "--block-size",
+                "512KiB")
     before = len(gets(s3_server, bucket))
 
     assert sha256((mnt / "seq.bin").read_bytes()) == sha256(data)

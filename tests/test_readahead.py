@@ -103,6 +103,60 @@ def test_a_short_tail_joins_the_stream_before_it(tmp_path, stack):
     assert ref.store.streams == [range(0, READ_AHEAD + 4)], "one GET for the whole file"
 
 
+PIECE = 4
+"""Blocks of a stream's GET in the tests of pieces (the stack's `stream_piece`)."""
+
+
+@pytest.fixture
+def piece_stack(tmp_path) -> Iterator[TierStack]:
+    disk = DiskTier(tmp_path / "disk", 1024 * BLOCK, 10_000, 0.9, 0.7)
+    stack = TierStack(RamTier(1024 * BLOCK, 10_000, 0.9, 0.7), disk, BLOCK, 64 * BLOCK,
+                      Metrics(), READ_AHEAD, stream_piece=PIECE * BLOCK)
+    yield stack
+    stack.close()
+
+
+def test_a_sequential_readers_streams_go_in_pieces_of_a_get_each(tmp_path, piece_stack):
+    ref, data = _object(tmp_path, 200)
+
+    read = _read_blocks(piece_stack, ref, piece_stack.new_read_ahead(), list(range(200)))
+
+    assert b"".join(read) == data
+    # The same windows as above (8, 16, 32, 64, 64, 16 blocks), each cut into GETs of
+    # PIECE blocks, started from the fetch pool's threads in any order.
+    assert sorted(ref.store.streams, key=lambda blocks: blocks.start) == \
+        [range(start, start + PIECE) for start in range(0, 200, PIECE)]
+    assert ref.store.block_gets == []
+
+
+class _PairingStore(_RecordingStore):
+    """Answers a streaming GET only once another one is under way beside it."""
+
+    def __init__(self, root) -> None:
+        super().__init__(root)
+        self.paired = threading.Barrier(2, timeout=10)
+
+    def open_range(self, key: str, start: int, length: int, etag: str) -> BinaryIO:
+        self.paired.wait()
+        return super().open_range(key, start, length, etag)
+
+
+def test_a_streams_pieces_are_fetched_side_by_side(tmp_path, piece_stack):
+    """A store that serves each connection at a bounded rate gives one reader several
+    connections' worth only if the pieces of its window are in flight together: here the
+    store answers neither GET of the first window until both have been sent."""
+    ref, data = _object(tmp_path, 2 * PIECE)
+    store = _PairingStore(ref.store.root)
+    ref = ObjectRef(store.url, store, ref.key, ref.etag, ref.size)
+
+    read = _read_blocks(piece_stack, ref, piece_stack.new_read_ahead(), list(range(2 * PIECE)))
+
+    assert b"".join(read) == data
+    assert sorted(store.streams, key=lambda blocks: blocks.start) == \
+        [range(0, PIECE), range(PIECE, 2 * PIECE)]
+    assert store.block_gets == [], "no piece fell back to single-block GETs"
+
+
 def test_a_reader_that_jumps_streams_nothing_until_it_reads_on(tmp_path, stack):
     ref, data = _object(tmp_path, 200)
     state = stack.new_read_ahead()

@@ -1,9 +1,9 @@
 """Read-ahead of one open file: which blocks to stream ahead of its reader, and when.
 
 Sequential readers get streams of blocks ahead of them, started before the read that needs the
-first of them, so even a file's first block comes with its successors in one request. Random
+first of them, so even a file's first block comes with its successors in one stream. Random
 readers fetch only the blocks they touch. The tier stack owns the mechanism (`TierStack.stream`
-starts the GET and says how far it got); this object keeps the one reader's position and
+starts the GETs and says how far it got); this object keeps the one reader's position and
 decides what to ask for, and is driven only by `TierStack.read_async`, on the FUSE loop, so it
 needs no lock.
 
@@ -16,9 +16,12 @@ Invariants:
   is asked for only once the reader is within `initial_window` blocks of it.
 - `window` starts at `initial_window` and doubles, up to `MAX_WINDOW`, after each stream that
   got at least one block going; a stream that got none (no fetch slot free) leaves it as is.
-- A file's tail no longer than the window joins the stream instead of being a second one: a
-  file is then one GET, not two, which saves a request's latency and, on servers that read the
-  whole object for any range, a second read of the object.
+- A file's tail no longer than the window joins the stream instead of being a second one,
+  which the reader would otherwise wait for at the end of the first: a short tail goes into
+  the stream's last piece (`STREAM_PIECE`) or a piece beside the others, not a request after
+  them.
+- A stream of a doubled window goes in more pieces side by side, so the longer a reader stays
+  sequential, the more connections it reads over.
 """
 
 from __future__ import annotations

@@ -63,6 +63,10 @@ time, not always in order), and a block whose disk write was still behind the st
 the reader passed it is offered again while the stream's write-behind (at most
 WRITE_BEHIND_BLOCKS) catches up."""
 
+STREAM_PIECE = 8 * 2**20
+"""Bytes of a stream's run of missing blocks asked for in one GET (at least one block): the
+pieces of a run go side by side, each on a connection and a fetch slot of its own."""
+
 WRITE_BEHIND_THREADS = 2
 """Disk writes of streamed blocks at a time: a block of 1 MiB or more is a direct write (see
 `block_files`) that keeps the device busy for milliseconds and the CPU for little, so two keep
@@ -80,15 +84,21 @@ class Space(NamedTuple):
 
 class TierStack:
     def __init__(self, ram: RamTier, disk: DiskTier, block_size: int, inflight_memory: int,
-                 metrics: Metrics, read_ahead: int, cluster: ClusterTier | None = None) -> None:
+                 metrics: Metrics, read_ahead: int, cluster: ClusterTier | None = None,
+                 stream_piece: int = STREAM_PIECE) -> None:
         """`read_ahead`: blocks the first read-ahead stream of an open file asks for;
-        `cluster`: the shared tier between the disk tier and the store, if any."""
+        `cluster`: the shared tier between the disk tier and the store, if any;
+        `stream_piece`: bytes of a stream asked for in one GET (STREAM_PIECE)."""
         self.ram = ram
         self.disk = disk
         self.cluster = cluster
         self.block_size = block_size
         self.metrics = metrics
         self._read_ahead = read_ahead
+        self._piece_blocks = max(1, stream_piece // block_size,
+                                 0 if cluster is None else CLUSTER_PIECE)
+        """Blocks of a stream's piece: with a cluster tier, at least the blocks whose lookups
+        in it go side by side (CLUSTER_PIECE), which a smaller piece would leave idle."""
         slots = max(1, inflight_memory // block_size)
         self._slots = threading.BoundedSemaphore(slots)
         self._executor = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="avafs-fetch")
@@ -335,14 +345,17 @@ class TierStack:
     def stream(self, ref: ObjectRef, first: int, count: int) -> int:
         """Bring the blocks of [first, first+count) towards RAM without blocking: blocks only
         on the disk tier are promoted one by one, and the first run of blocks no tier has
-        gets one streaming GET. Returns the index up to which blocks are now in RAM or
-        loading (the caller's read-ahead frontier); it stops at the first block for which
-        no fetch slot was free.
+        is streamed in pieces of STREAM_PIECE bytes, a GET each, side by side. Returns the
+        index up to which blocks are now in RAM or loading (the caller's read-ahead
+        frontier); it stops at the first block for which no fetch slot was free.
 
-        Why one request per run: a sequential reader needs every block anyway, and one ranged
-        GET avoids a request's latency (and price) per block; some servers also pay per
-        request in proportion to the object's size (they read the whole object for every
-        range)."""
+        Why pieces: a sequential reader needs every block anyway, and a request per piece
+        rather than per block keeps a request's latency (and price) off most blocks; some
+        servers also pay per request in proportion to the object's size (they read the
+        whole object for every range). Pieces side by side rather than one request for the
+        run: a store that serves each connection at a bounded rate, as cloud object stores
+        do, gives one reader several connections' worth, and a window that doubles (see
+        `readahead.py`) puts more pieces in flight the longer a reader stays sequential."""
         last = min(first + count, self.block_count(ref))
         index = first
         while index < last:
@@ -361,19 +374,25 @@ class TierStack:
         return index
 
     def _start_stream(self, ref: ObjectRef, index: int, last: int) -> int:
-        if not self._slots.acquire(blocking=False):
-            return index
-        run: list[tuple[BlockId, Future[bytes]]] = []
-        with self._lock:
-            while index < last and not self._present(block := ref.block(index)):
-                future: Future[bytes] = Future()
-                self._loading[block] = future
-                run.append((block, future))
-                index += 1
-        if not run:
-            self._slots.release()
-            return index
-        self._executor.submit(self._stream, ref, run)
+        """Streams the run of missing blocks from `index` on, up to `last` or the first
+        block present, a piece per fetch slot; returns where it stopped."""
+        while index < last:
+            if not self._slots.acquire(blocking=False):
+                return index
+            run: list[tuple[BlockId, Future[bytes]]] = []
+            with self._lock:
+                while index < last and len(run) < self._piece_blocks \
+                        and not self._present(block := ref.block(index)):
+                    future: Future[bytes] = Future()
+                    self._loading[block] = future
+                    run.append((block, future))
+                    index += 1
+            if not run:
+                self._slots.release()
+                return index
+            self._executor.submit(self._stream, ref, run)
+            if len(run) < self._piece_blocks:
+                return index
         return index
 
     def _present(self, block: BlockId) -> bool:
