@@ -23,7 +23,8 @@ no kept-alive connection slips past it):
 
 `faults` counts the connections a fault was injected on (refused connects are not seen);
 `sent_upstream` the bytes relayed to the server (requests and uploaded data),
-`received_from_upstream` the bytes relayed back from it (answers and downloaded data).
+`received_from_upstream` the bytes relayed back from it (answers and downloaded data),
+`connections` the client connections open through the proxy now.
 """
 
 from __future__ import annotations
@@ -67,12 +68,6 @@ class FaultProxy:
     def mode(self) -> str:
         return self._mode
 
-    @property
-    def connections(self) -> int:
-        """Client connections open through the proxy now (idle kept-alive ones included)."""
-        with self._lock:
-            return len(self._relayed)
-
     @mode.setter
     def mode(self, mode: str) -> None:
         with self._lock:
@@ -85,6 +80,12 @@ class FaultProxy:
                 self._close_listener()
             elif self._listener is None:
                 self._open_listener()
+
+    @property
+    def connections(self) -> int:
+        """Client connections open through the proxy now (idle kept-alive ones included)."""
+        with self._lock:
+            return len(self._relayed)
 
     def _open_listener(self) -> None:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
