@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import http.client
 import json
 import logging
 import re
@@ -373,9 +374,10 @@ def make_server(coordinator: Coordinator, host: str, port: int) -> ThreadingHTTP
 class CoordinatorClient:
     """A trainer's handle on one job at a coordinator; plain data, so it pickles to workers.
 
-    Connection failures are retried for `retry_for` seconds, which carries trainers across a
-    coordinator restart. Retrying is safe: a repeated ack is answered `duplicate`, and a lease
-    whose answer was lost simply expires.
+    Connection failures, answers cut off included (a coordinator killed while it replied), are
+    retried for `retry_for` seconds, which carries trainers across a coordinator restart.
+    Retrying is safe: a repeated ack is answered `duplicate`, and a lease whose answer was lost
+    simply expires.
     """
 
     def __init__(self, url: str, job: str, *, timeout: float = 10.0,
@@ -429,7 +431,8 @@ class CoordinatorClient:
                 if error.code != HTTPStatus.SERVICE_UNAVAILABLE:
                     raise CoordinatorError(f"coordinator {self.url}: {message}") from None
                 failure: object = message
-            except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
+            except (urllib.error.URLError, http.client.HTTPException, ConnectionError,
+                    TimeoutError) as error:
                 failure = getattr(error, "reason", error)
             if time.monotonic() + delay > deadline:
                 raise CoordinatorUnavailable(

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from adapters_testlib import REPO, stop_process
@@ -133,6 +134,43 @@ def test_coordinator_restart_loses_no_progress(state_spec, coordinator_service):
     assert (status["acked_tasks"], status["acked_samples"], status["leases_granted"]) == (3, 30, 3)
     remaining = [client.lease(0, "trainer") for _ in range(3)]
     assert [lease.task for lease in remaining if lease] == [3, 4]
+
+
+class _CutOnce(BaseHTTPRequestHandler):
+    """A coordinator that dies while it replies, once: its first answer announces a body and
+    ends before it; the next is whole."""
+
+    answered: list[str] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - the name BaseHTTPRequestHandler calls
+        self.rfile.read(int(self.headers["Content-Length"]))
+        body = b'{"lease_ttl": 2.5}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if not self.answered:
+            self.answered.append("cut")
+            self.close_connection = True
+            return
+        self.answered.append("whole")
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_an_answer_cut_off_mid_reply_is_asked_again():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _CutOnce)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = CoordinatorClient(f"http://127.0.0.1:{server.server_address[1]}", "cut",
+                                   retry_for=10)
+        assert client.lease_ttl() == 2.5
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert _CutOnce.answered == ["cut", "whole"]
 
 
 def test_lease_held_at_restart_gets_a_full_ttl(tmp_path, coordinator_service):
