@@ -174,11 +174,17 @@ def test_local_bucket_keeps_attributes_in_the_files_themselves(local_bucket, mou
 
 @pytest.fixture
 def public_dir() -> Iterator[Path]:
-    """A directory other users can reach (pytest's tmp_path is the owner's alone)."""
+    """A directory other users can reach (pytest's tmp_path is the owner's alone).
+
+    Torn down before the mount fixture that mounted inside it, so it unmounts what is
+    mounted in it first: removing the tree through a live mount would delete the files
+    from the bucket and then fail on the busy mountpoint, leaving the directory behind."""
     path = Path(tempfile.mkdtemp(prefix="avafs-public-"))
     path.chmod(0o755)
     yield path
-    shutil.rmtree(path, ignore_errors=True)
+    for child in path.iterdir():
+        unmount(child)
+    shutil.rmtree(path)
 
 
 def _as_nobody(action: Callable[[], str]) -> str:
