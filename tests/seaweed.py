@@ -7,7 +7,10 @@ each HTTP port + 10000), and the S3 gateway's Iceberg and Lance listeners (fixed
 default) are turned off, so clusters side by side do not fight over ports. The gateway is
 its own `weed s3` process: `weed filer -s3` did not open its S3 port in this version. Each
 volume server can be killed with SIGKILL and started again on the same ports and data
-folder, as a crashed storage node comes back.
+folder, as a crashed storage node comes back. Whatever a server leaves on disk stays in its
+folder: its log goes to stderr (the log file below) instead of log files in /tmp, and the
+filer's and the gateway's local sockets, /tmp/seaweedfs-*-PORT.sock by default, are made in
+their folders.
 
 `start()` returns once the S3 gateway answers and the master counts every volume server, so
 a write right after it has the replicas its placement needs. Unless given an identities file,
@@ -80,7 +83,7 @@ def _listening(port: int) -> bool:
 
 class WeedProcess:
     """One `weed` server: started, stopped, or killed and started again with the same
-    arguments; its output goes to `<folder>/<name>.log`."""
+    arguments, in `folder`; its log goes to `<folder>/../<name>.log`."""
 
     def __init__(self, name: str, args: list[str], port: int, folder: Path) -> None:
         self.name = name
@@ -92,7 +95,7 @@ class WeedProcess:
     def start(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         with open(self.folder.parent / f"{self.name}.log", "ab") as log:
-            self.process = subprocess.Popen([weed_binary(), *self.args], stdout=log,
+            self.process = subprocess.Popen([weed_binary(), "-logtostderr", *self.args], stdout=log,
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             cwd=self.folder, start_new_session=True)
 
@@ -157,10 +160,12 @@ class SeaweedCluster:
             for index, (port, grpc) in enumerate(zip(ports[6::2], ports[7::2], strict=True))]
         self.filer = WeedProcess("filer", [
             "filer", *loopback, f"-port={filer}", f"-port.grpc={filer_grpc}",
-            f"-master={master_address}", "-defaultStoreDir=."], filer, root / "filer")
+            f"-master={master_address}", "-defaultStoreDir=.", "-localSocket=filer.sock"],
+            filer, root / "filer")
         self.s3 = WeedProcess("s3", [
             "s3", "-ip.bind=127.0.0.1", f"-port={s3}", f"-port.grpc={s3_grpc}",
-            "-port.iceberg=0", "-port.lance=0", f"-filer=127.0.0.1:{filer}.{filer_grpc}",
+            "-port.iceberg=0", "-port.lance=0", "-localSocket=s3.sock",
+            f"-filer=127.0.0.1:{filer}.{filer_grpc}",
             *([f"-config={s3_config}"] if s3_config else [])], s3, root / "s3")
 
     @property
