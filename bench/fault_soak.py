@@ -21,6 +21,7 @@ import errno
 import hashlib
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -198,6 +199,10 @@ def main() -> int:
     print(f"  worst flush once the store was back: {max(flush_seconds):.1f}s")
     failed = bool(lost or figures.wrong_reads or worst > limit)
     print("  result: " + ("FAILED" if failed else "ok"))
+    if failed or os.path.ismount(mnt):
+        print(f"  its folder is kept for a look (the store's log, the cache): {work}")
+    else:
+        shutil.rmtree(work)
     return 1 if failed else 0
 
 
