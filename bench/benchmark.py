@@ -76,11 +76,11 @@ from avafs.config.sizes import parse_size  # noqa: E402
 FULL = {"rounds": 2, "large": 4, "large_size": 64 * MiB, "small": 1000,
         "small_size": 100 * 1024, "tree": TREE_ENTRIES, "write_size": 2**30, "small_writes": 10_000,
         "flush_timeout": 300.0, "ckpt_size": 2 * 2**30, "tree_files": 100_000,
-        "samples": 10_000, "reader_epochs": 3, "settle": 120.0}
+        "samples": 10_000, "reader_epochs": 3}
 SMOKE = {"rounds": 1, "large": 2, "large_size": 4 * MiB, "small": 50,
          "small_size": 100 * 1024, "tree": 200, "write_size": 8 * MiB, "small_writes": 50,
          "flush_timeout": 30.0, "ckpt_size": 16 * MiB, "tree_files": 200, "samples": 128,
-         "reader_epochs": 1, "settle": 0.0}
+         "reader_epochs": 1}
 CORE = "core"
 ALL_WORKLOADS = (CORE, *WORKLOAD_NAMES)
 CORE_SIZES = ("large", "small", "tree", "write_size", "small_writes")
@@ -133,9 +133,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--flush-timeout", type=float, metavar="SECONDS",
                         help="a write not durable this long after it ends counts as failed "
                              "(default 300; avafs retries uploads forever by design)")
-    parser.add_argument("--settle", type=float, metavar="SECONDS",
-                        help="idle, untimed, between preparing the data and round 1 "
-                             "(default 120; 0 in --smoke)")
     parser.add_argument("--ram-cache", type=size, default=2**30,
                         help="avafs --ram-cache (default 1GiB, avafs's own default)")
     parser.add_argument("--disk-cache", type=size, default=10 * 2**30,
@@ -336,22 +333,6 @@ def document(args: argparse.Namespace, results: Results, versions: dict[str, str
     }
 
 
-def settle(seconds: float) -> None:
-    """Sit idle after the preparation, which writes gigabytes through the page cache, before
-    anything is timed.
-
-    For a while after such churn this machine runs memory copies slower, in whatever
-    process makes them (the guest sees nothing busy meanwhile; a virtual machine whose host
-    takes back and re-backs its memory is the likely cause), and the first system of round
-    1 (avafs, first in every round) would pay for it alone; BENCHMARKS.md has runs with and
-    without the pause. Dirty pages are written back first, so that the pause is idle."""
-    if seconds <= 0:
-        return
-    os.sync()
-    print(f"settling {seconds:g}s before round 1 (--settle)", file=sys.stderr, flush=True)
-    time.sleep(seconds)
-
-
 def _stop_on_sigterm() -> None:
     """SIGTERM unwinds like Ctrl-C, so the `finally` below unmounts and stops the server."""
     def handler(signum: int, frame: object) -> None:
@@ -382,7 +363,6 @@ def main(argv: list[str] | None = None) -> int:
         setup = prepare(args, workdir, server, results, profiler, mounts, training)
         print(f"dataset ready in {time.monotonic() - started:.0f}s on {versions['store']}; "
               f"peers: {', '.join(peers) or 'none'}", file=sys.stderr, flush=True)
-        settle(args.settle)
         try:
             run_rounds(args, setup, mounts, training)
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as error:
