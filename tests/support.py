@@ -11,6 +11,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,7 +194,9 @@ def run_example(root: Path, body: str, setup: str = "",
     copies of other mounts are left alone). It runs in a PID namespace of its own, so whatever
     it left running in the background (a coordinator, a server) dies with it: such a process
     would otherwise hold the namespace's copies of other tests' FUSE mounts, and their daemons
-    could not exit.
+    could not exit. Its TMPDIR is a folder of its own, removed after it, since what dies with
+    the namespace leaves its temporary files behind (multiprocessing's pymp-* folders of a
+    DataLoader's workers); a short path under /tmp, as the unix sockets made there need.
     """
     (root / "work").mkdir(parents=True, exist_ok=True)
     (root / "hosts").write_text(f"127.0.0.1 localhost {' '.join(EXAMPLE_HOSTS)}\n")
@@ -204,9 +207,10 @@ def run_example(root: Path, body: str, setup: str = "",
         (commands / name).chmod(0o755)
     script = _EXAMPLE_SCRIPT.format(root=root, setup=f"cd {root}\n{setup}", body=body)
     repo = Path(__file__).resolve().parent.parent
-    return subprocess.run(
-        ["unshare", "--mount", "--net", "--pid", "--fork", "--mount-proc", "--propagation",
-         "private", "sh", "-c", script],
-        capture_output=True, text=True, timeout=600,
-        env={**os.environ, **(env or {}), "PATH": f"{commands}:{os.environ['PATH']}",
-             "PYTHONPATH": str(repo)})
+    with tempfile.TemporaryDirectory(prefix="avafs-example-") as temp:
+        return subprocess.run(
+            ["unshare", "--mount", "--net", "--pid", "--fork", "--mount-proc", "--propagation",
+             "private", "sh", "-c", script],
+            capture_output=True, text=True, timeout=600,
+            env={**os.environ, **(env or {}), "PATH": f"{commands}:{os.environ['PATH']}",
+                 "PYTHONPATH": str(repo), "TMPDIR": temp})
