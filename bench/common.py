@@ -6,6 +6,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -130,3 +131,29 @@ def used_workdir(workdir: Path | None) -> str | None:
         return (f"--workdir {workdir} is not empty (a run leaves its store and caches there): "
                 "remove it or pass an empty or new directory")
     return None
+
+
+class PeakWatch:
+    """The highest value `measure` returns, sampled every `every` seconds in a thread while
+    the `with` block runs (and once as it starts); `peak` holds it."""
+
+    def __init__(self, measure: Callable[[], int], every: float) -> None:
+        self.measure = measure
+        self.every = every
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True, name="peak-watch")
+
+    def _sample(self) -> None:
+        while True:
+            self.peak = max(self.peak, self.measure())
+            if self._stop.wait(self.every):
+                return
+
+    def __enter__(self) -> PeakWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()

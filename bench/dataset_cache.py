@@ -39,7 +39,6 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,7 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests"))  # the counting proxy
 
-from common import median  # noqa: E402
+from common import PeakWatch, median  # noqa: E402
 from fault_proxy import FaultProxy  # noqa: E402
 from mounts import AvafsMount, JuicefsMount, Mount, RcloneMount, unmount_everything  # noqa: E402
 from s3server import BUCKET, CREDENTIALS, MotoServer  # noqa: E402
@@ -160,30 +159,6 @@ def _stats(directory: Path, leave_out: str | None = None) -> list[os.stat_result
     return stats
 
 
-class PeakWatch:
-    """Samples a cache dir's size every `SAMPLE_EVERY` seconds in a thread, while in use."""
-
-    def __init__(self, cache: Path) -> None:
-        self.cache = cache
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True, name="peak-watch")
-
-    def _sample(self) -> None:
-        while True:
-            self.peak = max(self.peak, disk_used(self.cache))
-            if self._stop.wait(SAMPLE_EVERY):
-                return
-
-    def __enter__(self) -> PeakWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def settle(cache: Path, bound: int, timeout: float, leave_out: str | None) -> int | None:
     """Wait until the cached data (`data_held`) is within `bound`, for at most `timeout`
     seconds; the bytes still over it then, or None once within it."""
@@ -210,7 +185,7 @@ def epochs(mountpoint: Path, cache: Path, case: Case, proxy: FaultProxy, count: 
         sampler.set_epoch(epoch)
         drop_caches()
         before = proxy.received_from_upstream
-        with PeakWatch(cache) as watch:
+        with PeakWatch(lambda: disk_used(cache), SAMPLE_EVERY) as watch:
             started = time.perf_counter()
             samples = sum(loader)
             elapsed = time.perf_counter() - started

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import mmap
 import os
 import shutil
@@ -60,7 +59,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -75,6 +73,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 import s3server  # noqa: E402
 from common import (  # noqa: E402
     MiB,
+    PeakWatch,
     drop_page_cache,
     make_dataset,
     median,
@@ -315,36 +314,17 @@ def probe_per_connection(server: s3server.Store, workdir: Path) -> None:
                 set_aside(workdir / "cache", workdir)
                 mount = AvafsMount(store, workdir / "mnt", 2**30, 10 * 2**30)
                 mount.mount(workdir / "cache")
-                with _most_connections(proxy) as most:
+                # Beyond the connections open before (the direct download's, kept alive).
+                added = partial(lambda before: proxy.connections - before, proxy.connections)
+                with PeakWatch(added, 0.01) as most:
                     size, seconds = read_all(mount.mountpoint, dataset.large, 1)
                 results.setdefault(f"{tree} cold large MB/s", []).append(size / seconds / 1e6)
-                results.setdefault(f"{tree} connections added, most", []).append(most[0])
+                results.setdefault(f"{tree} connections added, most", []).append(most.peak)
                 mount.unmount()
     finally:
         proxy.close()
     print(f"every connection served at {_ARGS.rate:g} MB/s each way")
     _print_medians(results)
-
-
-@contextlib.contextmanager
-def _most_connections(proxy: FaultProxy) -> Iterator[list[int]]:
-    """The most connections open through `proxy` while the block runs beyond those open when
-    it began (the direct download's, kept alive), sampled every 10 ms, in the one-item list
-    it yields (filled in when the block ends)."""
-    before, most = proxy.connections, [0]
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.wait(0.01):
-            most[0] = max(most[0], proxy.connections - before)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        yield most
-    finally:
-        done.set()
-        sampler.join()
 
 
 def probe_walk(server: s3server.Store, workdir: Path) -> None:
