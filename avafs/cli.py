@@ -78,7 +78,8 @@ def _add_mount_parser(commands: argparse._SubParsersAction) -> None:
                         help="YAML file: 'namespace' maps directory names to source URLs; other "
                              "keys are the flags below with underscores")
     parser.add_argument("--foreground", action="store_true",
-                        help="stay attached (for containers and supervisors)")
+                        help="stay attached (for containers and supervisors), logging to stderr "
+                             "as well as to the log file")
     for spec in MOUNT_OPTIONS:
         if spec.is_flag:
             parser.add_argument(spec.flag, dest=spec.name, action="store_const", const=True,

@@ -64,10 +64,13 @@ log = logging.getLogger("avafs")
 
 
 def setup_logging(options: MountOptions, foreground: bool) -> None:
+    """The log file in the cache dir always; in the foreground stderr too, terminal or not:
+    a container's or a service manager's log is the foreground daemon's stderr. (In the
+    background stderr is the log file itself, so it gets no second handler.)"""
     handler = logging.handlers.RotatingFileHandler(log_path(options.cache_dir),
                                                    maxBytes=20 * 2**20, backupCount=3)
     handlers: list[logging.Handler] = [handler]
-    if foreground and sys.stderr.isatty():
+    if foreground:
         handlers.append(logging.StreamHandler())
     for each in handlers:
         each.setFormatter(EscapingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))

@@ -1,5 +1,6 @@
 """`avafs refresh`, `warmup --check`, `flush PATH --timeout`, `status --watch`, a dead mount's
-status, and the progress a terminal shows (rendered by a terminal emulator under a pty)."""
+status, the progress a terminal shows (rendered by a terminal emulator under a pty), and where a
+foreground mount's log goes."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ import struct
 import subprocess
 import sys
 import termios
+import time
 from collections.abc import Iterator
 
 import pyte
 import pytest
-from support import AVAFS, run_avafs
+from support import AVAFS, is_mounted, run_avafs, unmount
 
 from adapters.sources import PrefixSource
 from avafs.client import AvafsError, Client
@@ -189,3 +191,40 @@ def test_listing_phase_says_what_it_does(tmp_path):
     screen = rendered([sys.executable, "-c", script])
     assert screen.startswith("listing") and "listing files and checking what is cached" in screen
     assert "?" not in screen and "0/" not in screen
+
+
+def test_foreground_logs_to_stderr_without_a_terminal(local_bucket, tmp_path):
+    """As a container's or a service's main process: stderr is a file, not a terminal, and
+    must carry the log; a background mount keeps it in the cache dir's avafs.log only."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    stderr_path = tmp_path / "stderr"
+    with open(stderr_path, "w") as stderr:
+        daemon = subprocess.Popen(AVAFS + ["mount", "--foreground", local_bucket.as_uri(),
+                                           str(mnt), "--cache-dir", str(tmp_path / "fg")],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=stderr)
+    try:
+        deadline = time.monotonic() + 60
+        while not is_mounted(mnt):
+            assert daemon.poll() is None and time.monotonic() < deadline, \
+                stderr_path.read_text()
+            time.sleep(0.05)
+        assert run_avafs("umount", str(mnt)).returncode == 0
+        assert daemon.wait(timeout=60) == 0
+    finally:
+        unmount(mnt)
+        if daemon.poll() is None:
+            daemon.kill()
+    logged = stderr_path.read_text()
+    assert f"INFO avafs: mounted {local_bucket.as_uri()} at {mnt}" in logged
+    assert f"INFO avafs: unmounted {mnt}" in logged
+
+    background = run_avafs("mount", local_bucket.as_uri(), str(mnt),
+                           "--cache-dir", str(tmp_path / "bg"))
+    try:
+        assert background.returncode == 0 and background.stderr == ""
+    finally:
+        unmount(mnt)
+    assert f"INFO avafs: mounted {local_bucket.as_uri()} at {mnt}" in \
+        (tmp_path / "bg" / "avafs.log").read_text()
