@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import time
 import urllib.request
@@ -121,6 +122,22 @@ def test_progress_lines_when_not_a_terminal(local_bucket, mount):
             and "/16.0 MiB, " in line), line
     assert lines[-1].startswith("warmup 1 done: 4 files (16.0 MiB) loaded")
     assert "\x1b[" not in result.stdout
+
+
+def test_progress_of_one_large_file_moves_by_bytes(s3_server, bucket, s3_mount, proxy):
+    """One file loaded over a slow link: the lines between the start and the end show a
+    part of its bytes loaded, not 0 until the whole file is in."""
+    s3_server.client().put_object(Bucket=bucket, Key="large.bin", Body=payload(3, 24 * 2**20))
+    mnt = s3_mount("--block-size", "1MiB", endpoint=proxy.endpoint)
+    proxy.rate = 4 * 2**20
+    proxy.mode = "link"
+    result = run_avafs("warmup", str(mnt), "--threads", "2")
+    assert result.returncode == 0, result.stderr
+    parts = [float(found.group(1)) * {"B": 2**-20, "KiB": 2**-10, "MiB": 1}[found.group(2)]
+             for line in result.stdout.splitlines()
+             if (found := re.search(r"running, 0/1 files, ([\d.]+) (B|KiB|MiB)/24\.0 MiB", line))]
+    assert parts, result.stdout
+    assert any(0 < part < 24 for part in parts), result.stdout
 
 
 def test_background_warmup_shows_in_status(local_bucket, mount):

@@ -418,13 +418,13 @@ class TierStack:
         for first in range(0, len(run), CLUSTER_PIECE):
             mine: list[tuple[BlockId, Future[bytes]]] = []
             piece = run[first:first + CLUSTER_PIECE]
-            found = cluster.get_all([(block, self._block_length(ref, block.index))
+            found = cluster.get_all([(block, self.block_length(ref, block.index))
                                      for block, _ in piece])
             for (block, future), data in zip(piece, found, strict=True):
                 claimed = False
                 if data is None:
                     data, claimed = cluster.claim_missing(block,
-                                                          self._block_length(ref, block.index))
+                                                          self.block_length(ref, block.index))
                 if data is not None:
                     self._fetched(ref, block, future, data, write_behind=True,
                                   source="cluster", transient=True)
@@ -437,7 +437,7 @@ class TierStack:
                     cluster.release(block)
         for block, future in others:
             try:
-                data = cluster.wait_for(block, self._block_length(ref, block.index))
+                data = cluster.wait_for(block, self.block_length(ref, block.index))
                 source = "cluster"
                 if data is None:
                     data = self._get_block(ref, block.index)
@@ -449,12 +449,13 @@ class TierStack:
             self._fetched(ref, block, future, data, write_behind=True, source=source,
                           transient=True)
 
-    def _block_length(self, ref: ObjectRef, index: int) -> int:
+    def block_length(self, ref: ObjectRef, index: int) -> int:
+        """Bytes of block `index` of `ref`: a block's size, less for an object's last one."""
         return min(self.block_size, ref.size - index * self.block_size)
 
     def _get_block(self, ref: ObjectRef, index: int) -> bytes:
         return ref.store.get_range(ref.key, index * self.block_size,
-                                   self._block_length(ref, index), ref.etag)
+                                   self.block_length(ref, index), ref.etag)
 
     def _stream_from_store(self, ref: ObjectRef,
                            run: list[tuple[BlockId, Future[bytes]]]) -> None:
@@ -553,7 +554,7 @@ class TierStack:
         block = ref.block(index)
         if tier == "cluster":
             return self.cluster is not None and \
-                self.cluster.holds(block, self._block_length(ref, index))
+                self.cluster.holds(block, self.block_length(ref, index))
         return block in self.ram or (tier == "disk" and block in self.disk)
 
     def load_to_cluster(self, ref: ObjectRef, index: int) -> None:
@@ -562,7 +563,7 @@ class TierStack:
         if self.cluster is None:
             raise StoreError("this mount has no cluster tier: mount with --cluster-cache")
         block = ref.block(index)
-        if self.cluster.holds(block, self._block_length(ref, index)):
+        if self.cluster.holds(block, self.block_length(ref, index)):
             return
         data = self._get_block(ref, index)
         self.metrics.served_from["store"].inc(len(data))
@@ -637,7 +638,7 @@ class TierStack:
                 data, source = self._get_block(ref, block.index), "store"
             else:
                 data, from_store = self.cluster.read_through(
-                    block, self._block_length(ref, block.index),
+                    block, self.block_length(ref, block.index),
                     lambda: self._get_block(ref, block.index))
                 source = "store" if from_store else "cluster"
             # A cluster hit already cost its reader a round trip over the network: its disk

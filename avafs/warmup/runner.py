@@ -3,8 +3,9 @@
 A warmup is planned before it starts: the files are listed, what is already cached is counted,
 and if the rest does not fit under the tier's high watermark only what fits is loaded, so a
 warmup never evicts what it has just loaded. Blocks, not files, are the unit of parallel work,
-so one large file is warmed as fast as many small ones. Prefetch hints use only fetch slots that
-demand reads leave free.
+so one large file is warmed as fast as many small ones, and progress counts bytes as each block
+is loaded, so a large file's progress moves while it loads. Prefetch hints use only fetch slots
+that demand reads leave free.
 """
 
 from __future__ import annotations
@@ -122,13 +123,12 @@ class WarmupRunner:
         listings (`avafs warmup --check`)."""
         failures: list[tuple[str, str]] = []
         targets = expand(self.namespace, items, failures)
-        block = self.stack.block_size
         result = {"tier": tier, "files_total": len(targets), "bytes_total": 0,
                   "files_cached": 0, "bytes_cached": 0,
                   "failures": [{"path": path, "error": error} for path, error in failures]}
         for target in targets:
             size = target.ref.size
-            cached = sum(min(block, size - index * block)
+            cached = sum(self.stack.block_length(target.ref, index)
                          for index in range(self.stack.block_count(target.ref))
                          if self.stack.is_cached(target.ref, index, tier))
             result["bytes_total"] += size
@@ -230,12 +230,14 @@ class WarmupRunner:
                 if error and target.path not in failed:
                     failed.add(target.path)
                     self._fail(state, target.path, error)
+                if not error:
+                    loaded = self.stack.block_length(target.ref, index)
+                    state.bytes_done += loaded
+                    self.metrics.warmup_bytes.inc(loaded)
                 remaining[target.path] -= 1
                 if remaining[target.path] == 0 and target.path not in failed:
                     state.files_done += 1
-                    state.bytes_done += target.ref.size
                     self.metrics.warmup_files.inc()
-                    self.metrics.warmup_bytes.inc(target.ref.size)
 
         with ThreadPoolExecutor(threads, thread_name_prefix=f"avafs-warmup-{state.id}") as pool:
             for target in targets:
