@@ -12,7 +12,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from .config.sizes import UNITS_HELP, format_size
 from .control.progress import FlushProgress, WarmupProgress, summary
 from .control.status_text import format_status
 from .errors import AvafsError
+from .host.fuse_access import check_fuse
 from .host.mounts import AVAFS_FSTYPE, is_dead, mount_at
 from .host.processes import wait_for_exit
 from .log_format import printable
@@ -306,24 +306,11 @@ def check_mountpoint(mountpoint: Path) -> None:
         raise AvafsError(f"mountpoint {mountpoint} is not a directory")
 
 
-def check_fuse() -> None:
-    if not Path("/dev/fuse").exists():
-        raise AvafsError("/dev/fuse not found: load the fuse module (modprobe fuse), or give "
-                         "the container --device /dev/fuse")
-    try:
-        import pyfuse3  # noqa: F401
-    except ImportError:
-        raise AvafsError("libfuse3 is missing: apt-get install fuse3 libfuse3-3 (or your "
-                         "distribution's libfuse 3 package)") from None
-    if os.geteuid() != 0 and shutil.which("fusermount3") is None:
-        raise AvafsError("fusermount3 not found: apt-get install fuse3")
-
-
 def _mount(args: argparse.Namespace) -> int:
     options, mountpoint = mount_options_from_args(args)
     if args.ready_fd is None:
         check_mountpoint(mountpoint)
-        check_fuse()
+        check_fuse(options.allow_other)
         _warn_of_unuploaded_writes(options.cache_dir)
     if args.foreground or args.ready_fd is not None:
         from .daemon import serve  # imports pyfuse3, which check_fuse has vouched for

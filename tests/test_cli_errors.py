@@ -7,9 +7,12 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from support import AVAFS, TEST_CREDENTIALS, S3Server, free_port, run_avafs
+from support import AVAFS, NOBODY, TEST_CREDENTIALS, S3Server, free_port, run_avafs
 
 from avafs.host.processes import wait_for_exit
 
@@ -110,9 +113,17 @@ def test_dead_mount_is_reported_and_cleared(local_bucket, mount, tmp_path):
     assert os.listdir(mnt) == []
 
 
-def _in_private_mount_namespace(setup: str, *args: str) -> subprocess.CompletedProcess:
-    """Run avafs where `setup` has hidden something, without touching the real system."""
-    command = " ".join([setup, "&&", "exec", *(f"'{a}'" for a in AVAFS + list(args))])
+AS_NOBODY = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+             "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search", "--")
+"""A command prefix: run as user nobody, who may still read (not write) what root may, so the
+interpreter and the code run from wherever root installed them (its home, say)."""
+
+
+def _in_private_mount_namespace(setup: str, *args: str,
+                                user: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """Run avafs (after `user`, a command prefix such as AS_NOBODY) where `setup` has hidden
+    or replaced something, without touching the real system."""
+    command = " ".join([setup, "&&", "exec", *(f"'{a}'" for a in [*user, *AVAFS, *args])])
     return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", command],
                           capture_output=True, text=True, timeout=120)
 
@@ -127,6 +138,46 @@ def test_dev_fuse_missing(local_bucket, mnt, tmp_path):
             "--cache-dir", str(tmp_path / "c"))
     line = one_line_error(result)
     assert "/dev/fuse" in line
+
+
+def _fuse_device_with_mode(folder: Path, mode: str) -> str:
+    """Setup that puts a copy of /dev/fuse with `mode` in its place (a tmpfs of its own
+    holds the copy: the test's folder may not allow device files)."""
+    device = os.stat("/dev/fuse").st_rdev
+    return (f"mkdir -p {folder} && mount -t tmpfs avafs-test {folder} && mknod -m {mode} "
+            f"{folder}/fuse c {os.major(device)} {os.minor(device)} && "
+            f"mount --bind {folder}/fuse /dev/fuse")
+
+
+@pytest.fixture
+def nobodys() -> Iterator[tuple[str, Path, Path]]:
+    """A local bucket, a mountpoint and a cache dir of user nobody's: all that nobody's mount
+    needs but /dev/fuse (pytest's own tmp dirs are root's alone)."""
+    home = Path(tempfile.mkdtemp(prefix="avafs-nobody-"))
+    for path in (home, home / "bucket", home / "mnt"):
+        path.mkdir(exist_ok=True)
+        os.chown(path, NOBODY, NOBODY)
+    yield (home / "bucket").as_uri(), home / "mnt", home / "cache"
+    shutil.rmtree(home)
+
+
+def test_dev_fuse_this_user_may_not_open(nobodys, tmp_path):
+    source, mountpoint, cache = nobodys
+    line = one_line_error(_in_private_mount_namespace(
+        _fuse_device_with_mode(tmp_path / "dev", "600"), "mount", source, str(mountpoint), "--cache-dir", str(cache), user=AS_NOBODY))
+    assert "cannot open /dev/fuse: permission denied" in line and "chmod 0666" in line
+
+
+def test_allow_other_for_a_user_without_user_allow_other(nobodys, tmp_path):
+    source, mountpoint, cache = nobodys
+    conf = tmp_path / "fuse.conf"
+    conf.write_text("# user_allow_other\nmount_max = 1000\n")
+    setup = (_fuse_device_with_mode(tmp_path / "dev", "666")
+             + f" && mount --bind {conf} /etc/fuse.conf")
+    line = one_line_error(_in_private_mount_namespace(
+        setup, "mount", source, str(mountpoint), "--cache-dir", str(cache), "--allow-other",
+        user=AS_NOBODY))
+    assert "--allow-other needs a line 'user_allow_other' in /etc/fuse.conf" in line
 
 
 def test_libfuse_missing(local_bucket, mnt, tmp_path):
