@@ -10,7 +10,6 @@ import argparse
 import difflib
 import json
 import logging
-import math
 import os
 import socket
 import subprocess
@@ -29,6 +28,7 @@ from .config.cache_dir import (
     prepare_cache_dir,
     unuploaded_in_shared_default,
 )
+from .config.durations import DURATION_HELP, positive_duration
 from .config.file import load_config
 from .config.options import (
     MOUNT_OPTIONS,
@@ -58,12 +58,9 @@ class OneLineParser(argparse.ArgumentParser):
 
 def _positive_seconds(text: str) -> float:
     try:
-        seconds = float(text)
-    except ValueError:
-        seconds = 0.0
-    if not 0 < seconds < math.inf:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
-    return seconds
+        return positive_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _add_mount_parser(commands: argparse._SubParsersAction) -> None:
@@ -72,7 +69,8 @@ def _add_mount_parser(commands: argparse._SubParsersAction) -> None:
         description="Mount SOURCE (s3://bucket[/prefix] or file:///dir) at MOUNTPOINT, or the "
                     "namespace of a YAML config with --config. Returns once the mount is usable.",
         epilog=f"SIZE is a number with an optional unit: {UNITS_HELP}; so 10Gi is 10*2^30 "
-               "bytes and 10G is 10*10^9.")
+               f"bytes and 10G is 10*10^9. SECONDS is {DURATION_HELP} (inf where "
+               "shown).")
     parser.add_argument("targets", nargs="+", metavar="[SOURCE] MOUNTPOINT")
     parser.add_argument("--config", type=Path, metavar="FILE",
                         help="YAML file: 'namespace' maps directory names to source URLs; other "

@@ -64,14 +64,8 @@ def _fraction(value: str) -> str:
 
 
 def _seconds(value: str) -> str:
-    if value.lower() in ("inf", "infinity"):
-        return "inf"
-    try:
-        number = float(value)
-    except ValueError:
-        number = math.nan
-    if not number >= 0:
-        raise ValueError("expected a number of seconds, 0 or more, or inf")
+    """Checked by the mount option's own parser: seconds, a duration such as 5m, or inf."""
+    OPTIONS_BY_NAME["metadata_ttl"].parse(value)
     return value
 
 

@@ -5,7 +5,9 @@ back from objects other tools wrote, changed without re-sending data; and other 
 from __future__ import annotations
 
 import errno
+import grp
 import os
+import pwd
 import shutil
 import stat
 import tempfile
@@ -249,9 +251,17 @@ def test_without_uid_another_user_cannot_create_in_the_mounting_users_directorie
     assert _as_nobody(_write_and_read(mnt / "ckpt.txt")) == f"PermissionError {errno.EACCES}"
 
 
+def test_uid_and_gid_by_name(s3_server, bucket, s3_mount):
+    s3_server.client().put_object(Bucket=bucket, Key="shared.txt", Body=b"for all")
+    mnt = s3_mount("--uid", pwd.getpwuid(NOBODY).pw_name, "--gid", grp.getgrgid(NOBODY).gr_name)
+    info = os.stat(mnt / "shared.txt")
+    assert (info.st_uid, info.st_gid) == (NOBODY, NOBODY)
+
+
 @pytest.mark.parametrize(("flag", "value", "message"), [
     ("--file-mode", "0999", "--file-mode"), ("--dir-mode", "rwx", "--dir-mode"),
-    ("--uid", "-1", "--uid")])
+    ("--uid", "-1", "--uid"), ("--uid", "bob-unknown", "invalid --uid: unknown user 'bob-unknown'"),
+    ("--gid", "bob-unknown", "invalid --gid: unknown group 'bob-unknown'")])
 def test_bad_attribute_flags_get_one_line_errors(local_bucket, tmp_path, flag, value, message):
     (tmp_path / "mnt").mkdir()
     result = run_avafs("mount", local_bucket.as_uri(), str(tmp_path / "mnt"), flag, value,

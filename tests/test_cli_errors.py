@@ -180,6 +180,24 @@ def test_allow_other_for_a_user_without_user_allow_other(nobodys, tmp_path):
     assert "--allow-other needs a line 'user_allow_other' in /etc/fuse.conf" in line
 
 
+@pytest.mark.parametrize("setup, cache_dir, expected", [
+    ("touch {tmp}/file", "{tmp}/file", "cache dir {tmp}/file is a file, not a directory"),
+    ("touch {tmp}/file", "{tmp}/file/cache",
+     "cannot create cache dir {tmp}/file/cache: {tmp}/file is a file, not a directory"),
+    ("mkdir {tmp}/ro && mount --bind {tmp}/ro {tmp}/ro && mount -o remount,bind,ro {tmp}/ro",
+     "{tmp}/ro", "cache dir {tmp}/ro is not writable (its file system is mounted read-only)"),
+    ("mkdir {tmp}/ro && mount --bind {tmp}/ro {tmp}/ro && mount -o remount,bind,ro {tmp}/ro",
+     "{tmp}/ro/cache", "cannot create cache dir {tmp}/ro/cache: Read-only file system"),
+])
+@pytest.mark.parametrize("foreground", [[], ["--foreground"]])
+def test_unusable_cache_dir(local_bucket, mnt, tmp_path, setup, cache_dir, expected, foreground):
+    line = one_line_error(_in_private_mount_namespace(
+        setup.format(tmp=tmp_path), "mount", *foreground, local_bucket.as_uri(), str(mnt),
+        "--cache-dir", cache_dir.format(tmp=tmp_path)))
+    assert expected.format(tmp=tmp_path) in line
+    assert "give --cache-dir a" in line
+
+
 def test_libfuse_missing(local_bucket, mnt, tmp_path):
     libraries = glob.glob("/usr/lib/*/libfuse3.so.3*") + glob.glob("/lib/*/libfuse3.so.3*")
     assert libraries, "libfuse3 is installed on test machines"
@@ -196,6 +214,10 @@ def test_libfuse_missing(local_bucket, mnt, tmp_path):
     (["--high-watermark", "1.5"], "invalid --high-watermark"),
     (["--low-watermark", "0.95"], "invalid watermarks"),
     (["--metadata-ttl", "-3"], "invalid --metadata-ttl"),
+    (["--metadata-ttl", "5x"], "invalid --metadata-ttl: must be a number of seconds or a "
+                               "duration such as 90s, 5m or 1h30m, got '5x'"),
+    (["--read-ahead", "lots"], "invalid --read-ahead: must be a whole number 0 or more"),
+    (["--high-watermark", "high"], "invalid --high-watermark: must be a fraction in (0, 1]"),
     (["--writeback", "sometimes"], "invalid --writeback"),
     (["--endpoint-url", "127.0.0.1:9"], "did you mean http://127.0.0.1:9?"),
     (["--endpoint-url", "ftp://host"], "expected an http:// or https:// URL"),

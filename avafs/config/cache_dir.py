@@ -31,27 +31,63 @@ PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
 PRIVATE_UMASK = 0o077
 
+_CACHE_DIR_FIX = "give --cache-dir a directory this user can create and write"
+
 
 def log_path(cache_dir: Path) -> Path:
     return cache_dir / LOG_FILE
 
 
-def prepare_cache_dir(cache_dir: Path) -> None:
-    """Create `cache_dir` private to this user, or make an existing one private.
+def prepare_cache_dir(cache_dir: Path) -> bool:
+    """Create `cache_dir` private to this user, or make an existing one private; True if it
+    was created here (a mount that then fails removes it again, see `remove_unused`).
 
     A directory owned by another user is refused rather than taken over: its owner could read
-    whatever this mount caches in it.
+    whatever this mount caches in it. A path that cannot be a cache dir (a file, a directory
+    that cannot be created or written) is refused here, in one line, before the daemon
+    trips over it.
     """
-    cache_dir.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+    created = _make_dir(cache_dir)
+    if not os.access(cache_dir, os.W_OK | os.X_OK):
+        read_only = os.statvfs(cache_dir).f_flag & os.ST_RDONLY
+        raise AvafsError(f"cache dir {cache_dir} is not writable "
+                         + ("(its file system is mounted read-only)" if read_only
+                            else f"by this user (uid {os.geteuid()})")
+                         + f": {_CACHE_DIR_FIX}")
     info = cache_dir.stat()
     if info.st_uid != os.geteuid():
         raise AvafsError(f"cache dir {cache_dir} belongs to uid {info.st_uid}, not to this user "
                          f"(uid {os.geteuid()}): give this mount a --cache-dir of its own")
-    if stat.S_IMODE(info.st_mode) != PRIVATE_DIR_MODE:
-        os.chmod(cache_dir, PRIVATE_DIR_MODE)
-    log = log_path(cache_dir)
-    if log.exists() and stat.S_IMODE(log.stat().st_mode) != PRIVATE_FILE_MODE:
-        os.chmod(log, PRIVATE_FILE_MODE)
+    try:
+        if stat.S_IMODE(info.st_mode) != PRIVATE_DIR_MODE:
+            os.chmod(cache_dir, PRIVATE_DIR_MODE)
+        log = log_path(cache_dir)
+        if log.exists() and stat.S_IMODE(log.stat().st_mode) != PRIVATE_FILE_MODE:
+            os.chmod(log, PRIVATE_FILE_MODE)
+    except OSError as error:
+        raise AvafsError(f"cannot make cache dir {cache_dir} private: {error.strerror}: "
+                         f"{_CACHE_DIR_FIX}") from None
+    return created
+
+
+def _make_dir(cache_dir: Path) -> bool:
+    """mkdir -p, True if `cache_dir` itself is new; what stands in the way is named."""
+    try:
+        cache_dir.mkdir(parents=True, mode=PRIVATE_DIR_MODE)
+        return True
+    except FileExistsError:
+        if cache_dir.is_dir():
+            return False
+        raise AvafsError(f"cache dir {cache_dir} is a file, not a directory: remove it or "
+                         "give --cache-dir another path") from None
+    except OSError as error:
+        blocker = next((parent for parent in cache_dir.parents if parent.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            reason = f"{blocker} is a file, not a directory"
+        else:
+            reason = error.strerror
+        raise AvafsError(f"cannot create cache dir {cache_dir}: {reason}: {_CACHE_DIR_FIX}") \
+            from None
 
 
 def open_log_for_append(cache_dir: Path) -> int:

@@ -7,7 +7,9 @@ never drift apart, and every value is validated by the same parser whichever way
 
 from __future__ import annotations
 
+import grp
 import math
+import pwd
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +19,7 @@ from urllib.parse import urlsplit
 
 from ..errors import AvafsError
 from .cache_dir import default_cache_dir
+from .durations import parse_duration, positive_duration
 from .sizes import parse_size
 
 
@@ -31,33 +34,36 @@ def _positive_size(value: Any) -> int:
     return size
 
 
-def _timeout(value: Any) -> float:
-    number = float(value)
-    if not 0 < number < math.inf:
-        raise ValueError(f"must be a number of seconds above 0, got {value!r}")
-    return number
+def _number(value: Any) -> float:
+    """`value` as a number, NaN if it is none: callers say what they expected, never
+    Python's "could not convert string to float"."""
+    if isinstance(value, bool):
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def _fraction(value: Any) -> float:
-    number = float(value)
+    number = _number(value)
     if not 0 < number <= 1:
         raise ValueError(f"must be a fraction in (0, 1], got {value!r}")
     return number
 
 
 def _seconds(value: Any) -> float:
-    if str(value).strip().lower() in ("inf", "infinity"):
-        return math.inf
-    number = float(value)
+    number = parse_duration(value)
     if number < 0:
         raise ValueError(f"must be 0 or more seconds (or inf), got {value!r}")
     return number
 
 
 def _count(value: Any) -> int:
-    if isinstance(value, bool) or int(value) != float(value) or int(value) < 0:
+    number = _number(value)
+    if not (math.isfinite(number) and number >= 0 and number == int(number)):
         raise ValueError(f"must be a whole number 0 or more, got {value!r}")
-    return int(value)
+    return int(number)
 
 
 def _positive_count(value: Any) -> int:
@@ -78,11 +84,27 @@ def _flag(value: Any) -> bool:
     raise ValueError(f"must be true or false, got {value!r}")
 
 
-def _id(value: Any) -> int:
+def _id(value: Any, kind: str, lookup: Callable[[str], int]) -> int:
+    """A numeric id, or a name this machine's user or group database resolves (`lookup`)."""
+    if isinstance(value, str) and not value.strip().isdigit():
+        try:
+            return lookup(value.strip())
+        except KeyError:
+            raise ValueError(f"unknown {kind} {value!r}: give a {kind} name this machine knows "
+                             f"(getent {'passwd' if kind == 'user' else 'group'}) or a numeric "
+                             "id") from None
     number = _count(value)
     if number >= 2**32 - 1:
-        raise ValueError(f"must be a user or group id below 4294967295, got {value!r}")
+        raise ValueError(f"must be a {kind} name or an id below 4294967295, got {value!r}")
     return number
+
+
+def _uid(value: Any) -> int:
+    return _id(value, "user", lambda name: pwd.getpwnam(name).pw_uid)
+
+
+def _gid(value: Any) -> int:
+    return _id(value, "group", lambda name: grp.getgrnam(name).gr_gid)
 
 
 def _mode(value: Any) -> int:
@@ -148,10 +170,10 @@ def _node_name(value: Any) -> str:
 
 
 def _lease_ttl(value: Any) -> int:
-    number = _count(value)
-    if number < 2:
+    number = parse_duration(value)
+    if not (2 <= number < math.inf and number == int(number)):
         raise ValueError(f"must be 2 or more whole seconds (etcd's shortest lease), got {value!r}")
-    return number
+    return int(number)
 
 
 def _address(value: Any) -> tuple[str, int]:
@@ -224,7 +246,7 @@ MOUNT_OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("endpoint_url", _endpoint, None,
                "S3 endpoint (default: AWS_ENDPOINT_URL or AWS itself)", metavar="URL"),
     OptionSpec("region", _text, None, "S3 region (default: the AWS configuration's)", metavar="REGION"),
-    OptionSpec("store_timeout", _timeout, 5.0,
+    OptionSpec("store_timeout", positive_duration, 5.0,
                "seconds an S3 request without data (LIST, HEAD, DELETE) may take before it is "
                "retried; also how long a lookup in a directory never listed waits for a store "
                "that does not answer (default 5)", metavar="SECONDS"),
@@ -243,7 +265,7 @@ MOUNT_OPTIONS: tuple[OptionSpec, ...] = (
                "AWS profile with the --cluster-cache store's credentials (default: "
                "AVAFS_CLUSTER_ACCESS_KEY_ID/_SECRET_ACCESS_KEY, else the source's)",
                metavar="PROFILE"),
-    OptionSpec("cluster_timeout", _timeout, 1.0,
+    OptionSpec("cluster_timeout", positive_duration, 1.0,
                "seconds a --cluster-cache request without data may take before the block is "
                "read from the source instead; a block's transfer gets its time on top "
                "(default 1)", metavar="SECONDS"),
@@ -262,10 +284,10 @@ MOUNT_OPTIONS: tuple[OptionSpec, ...] = (
                "no limit)", metavar="SIZE"),
     OptionSpec("allow_other", _flag, False, "let users other than the mounting one use the mount",
                is_flag=True),
-    OptionSpec("uid", _id, None, "owner of files and directories whose object names none "
-               "(default: the mounting user)", metavar="UID"),
-    OptionSpec("gid", _id, None, "group of files and directories whose object names none "
-               "(default: the mounting user's group)", metavar="GID"),
+    OptionSpec("uid", _uid, None, "owner of files and directories whose object names none, a user "
+               "name or id (default: the mounting user)", metavar="USER"),
+    OptionSpec("gid", _gid, None, "group of files and directories whose object names none, a group "
+               "name or id (default: the mounting user's group)", metavar="GROUP"),
     OptionSpec("file_mode", _mode, 0o644, "permissions of files whose object names none "
                "(default 0644)", metavar="MODE"),
     OptionSpec("dir_mode", _mode, 0o755, "permissions of directories (default 0755)",
