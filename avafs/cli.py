@@ -36,6 +36,7 @@ from .config.options import (
     MountOptions,
     build_mount_options,
     parse_option,
+    size_spelling_warning,
 )
 from .config.sizes import UNITS_HELP, format_size
 from .control.progress import FlushProgress, WarmupProgress, summary
@@ -69,8 +70,9 @@ def _add_mount_parser(commands: argparse._SubParsersAction) -> None:
         description="Mount SOURCE (s3://bucket[/prefix] or file:///dir) at MOUNTPOINT, or the "
                     "namespace of a YAML config with --config. Returns once the mount is usable.",
         epilog=f"SIZE is a number with an optional unit: {UNITS_HELP}; so 10Gi is 10*2^30 "
-               f"bytes and 10G is 10*10^9. SECONDS is {DURATION_HELP} (inf where "
-               "shown).")
+               "bytes and 10G is 10*10^9. rclone reads 10G as 10*2^30, so a one-letter decimal "
+               "unit gets a warning: write 10Gi, or 10GB for 10*10^9. SECONDS is "
+               f"{DURATION_HELP} (inf where shown).")
     parser.add_argument("targets", nargs="+", metavar="[SOURCE] MOUNTPOINT")
     parser.add_argument("--config", type=Path, metavar="FILE",
                         help="YAML file: 'namespace' maps directory names to source URLs; other "
@@ -248,13 +250,14 @@ def source_url(text: str) -> str:
     return text
 
 
-def mount_options_from_args(args: argparse.Namespace) -> tuple[MountOptions, Path]:
+def mount_options_from_args(args: argparse.Namespace,
+                            warnings: list[str]) -> tuple[MountOptions, Path]:
     """Options and mountpoint, every path absolute against the caller's working directory
-    (the daemon runs from /)."""
+    (the daemon runs from /); a line for each value that reads two ways goes to `warnings`."""
     if args.config:
         if len(args.targets) != 1:
             raise AvafsError("with --config give only MOUNTPOINT (sources come from the config)")
-        sources, values = load_config(args.config.absolute())
+        sources, values = load_config(args.config.absolute(), warnings)
     else:
         if len(args.targets) != 2:
             raise AvafsError("give SOURCE and MOUNTPOINT, or --config FILE and MOUNTPOINT")
@@ -264,6 +267,9 @@ def mount_options_from_args(args: argparse.Namespace) -> tuple[MountOptions, Pat
         given = getattr(args, spec.name)
         if given is not None:
             values[spec.name] = parse_option(spec.name, given, spec.flag)
+            warning = size_spelling_warning(spec.name, given, spec.flag)
+            if warning:
+                warnings.append(warning)
     options = build_mount_options(sources, values)
     from .stores import open_store
 
@@ -305,8 +311,11 @@ def check_mountpoint(mountpoint: Path) -> None:
 
 
 def _mount(args: argparse.Namespace) -> int:
-    options, mountpoint = mount_options_from_args(args)
-    if args.ready_fd is None:
+    warnings: list[str] = []
+    options, mountpoint = mount_options_from_args(args, warnings)
+    if args.ready_fd is None:  # the user's command, not the daemon it starts
+        for warning in warnings:
+            print(f"avafs: warning: {warning}", file=sys.stderr)
         check_mountpoint(mountpoint)
         check_fuse(options.allow_other)
         _warn_of_unuploaded_writes(options.cache_dir)
@@ -339,7 +348,8 @@ def _start_daemon(options: MountOptions, argv: list[str]) -> int:
         os.close(log_file)
     os.close(write_end)
     with os.fdopen(read_end) as report:
-        message = report.readline().strip()
+        while (message := report.readline().strip()).startswith("warning: "):
+            print(f"avafs: {message}", file=sys.stderr)
     if message == "ready":
         return 0
     if not message:

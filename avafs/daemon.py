@@ -42,6 +42,7 @@ from .control.socket import SOCKET_NAME, ControlServer, Progress
 from .control.status import RecentErrors, build_status
 from .errors import NEW_OBJECTS_HINT, AvafsError
 from .fuse_ops import AvafsOperations
+from .host.free_space import disk_cache_warning
 from .host.mounts import AVAFS_FSTYPE, device_mounted, mount_at, wait_until_unmounted
 from .log_format import EscapingFormatter
 from .metrics import Metrics
@@ -99,6 +100,9 @@ class Filesystem:
         self.mountpoint = mountpoint
         self.pid = os.getpid()
         self.started_at = time.time()
+        self.warnings: list[str] = []
+        """What the mount command should say besides the log: the mount works, but not as
+        asked (`serve` reports them before "ready")."""
         self.recent_errors = RecentErrors()
         logging.getLogger().addHandler(self.recent_errors)
         self.metrics = Metrics(options.mount_name or str(mountpoint),
@@ -138,6 +142,8 @@ class Filesystem:
             self.writeback.on_changed = self.in_place.changed
             self.writeback.keep_cached = self._keep_written
             self.uploader = Uploader(self.writeback, self.stores, options.upload_concurrency)
+        self._warn(disk_cache_warning(options.cache_dir, options.disk_cache,
+                                      disk.used + self.dirty_status()["bytes"]))
         self.cluster_member: ClusterMember | None = None
         if self.writeback is not None and options.writeback == "cluster":
             self.cluster_member = self._join_cluster(self.writeback)
@@ -184,9 +190,14 @@ class Filesystem:
         try:
             bucket.check()
         except AvafsError as error:
-            log.warning("cluster tier %s: %s; reading from the source until it answers",
-                        bucket.url, error)
+            self._warn(f"the cluster tier {bucket.url} does not answer ({error}); reads go to "
+                       "the source until it does")
         return ClusterTier(bucket, options.block_size, self.metrics)
+
+    def _warn(self, warning: str | None) -> None:
+        if warning:
+            log.warning("%s", warning)
+            self.warnings.append(warning)
 
     def _join_cluster(self, writeback: WriteBack) -> ClusterMember:
         """`--writeback cluster`: stage committed files in the cluster store, keep this node's
@@ -346,6 +357,8 @@ def serve(options: MountOptions, mountpoint: Path, ready_fd: int | None) -> int:
             if options.read_only:
                 fuse_options.add("ro")
             pyfuse3.init(filesystem.operations, str(mountpoint), fuse_options)
+            for warning in filesystem.warnings:
+                _report(ready_fd, f"warning: {warning}", last=False)
         except AvafsError as error:
             log.error("%s", error)
             _report(ready_fd, f"error: {error}")
@@ -451,13 +464,17 @@ async def _serve_until_done(ready_fd: int | None, mountpoint: Path, block_size: 
     return signalled
 
 
-def _report(ready_fd: int | None, message: str) -> None:
+def _report(ready_fd: int | None, message: str, last: bool = True) -> None:
+    """One line to the mount command: "warning: ..." lines (not `last`), then "ready" or
+    "error: ...". In the foreground there is no command to tell: errors go to stderr, and
+    warnings are there already, in the log."""
     if ready_fd is None:
-        if message != "ready":
+        if message != "ready" and last:
             print(f"avafs: {message}", file=sys.stderr)
         return
     try:
         os.write(ready_fd, message.encode() + b"\n")
-        os.close(ready_fd)
+        if last:
+            os.close(ready_fd)
     except OSError:
         log.warning("the mount command went away before the mount was ready")

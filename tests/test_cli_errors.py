@@ -12,7 +12,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import AVAFS, NOBODY, TEST_CREDENTIALS, S3Server, free_port, run_avafs
+from support import (
+    AVAFS,
+    NOBODY,
+    TEST_CREDENTIALS,
+    S3Server,
+    free_port,
+    run_avafs,
+    unmount,
+)
 
 from avafs.host.processes import wait_for_exit
 
@@ -249,6 +257,54 @@ def test_bad_config(mnt, tmp_path, text, expected):
     line = one_line_error(run_avafs("mount", "--config", str(config), str(mnt),
                                     "--cache-dir", str(tmp_path / "c")))
     assert expected in line and str(config) in line
+
+
+def warnings_of_a_mount(*args: str, mountpoint: Path) -> list[str]:
+    """The stderr lines of an `avafs mount` that must succeed; unmounted again."""
+    try:
+        result = run_avafs("mount", *args, str(mountpoint))
+        assert result.returncode == 0, result.stderr
+    finally:
+        unmount(mountpoint)
+    lines = result.stderr.strip().splitlines()
+    assert all(line.startswith("avafs: warning: ") for line in lines), result.stderr
+    return lines
+
+
+def test_an_unreachable_cluster_tier_is_a_warning_at_mount(local_bucket, mnt, tmp_path,
+                                                           monkeypatch):
+    monkeypatch.setenv("AVAFS_CLUSTER_ACCESS_KEY_ID", "cluster-key")
+    monkeypatch.setenv("AVAFS_CLUSTER_SECRET_ACCESS_KEY", "cluster-secret")
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    [line] = warnings_of_a_mount(local_bucket.as_uri(), "--cluster-cache", "s3://cache/nodes",
+                                 "--cluster-endpoint-url", endpoint, "--cache-dir",
+                                 str(tmp_path / "c"), mountpoint=mnt)
+    assert "the cluster tier s3://cache/nodes/ does not answer" in line and endpoint in line
+    assert "reads go to the source until it does" in line and "cluster-secret" not in line
+
+
+def test_a_disk_cache_larger_than_the_disk_is_a_warning(local_bucket, mnt, tmp_path):
+    [line] = warnings_of_a_mount(local_bucket.as_uri(), "--disk-cache", "10Pi", "--cache-dir",
+                                 str(tmp_path / "c"), mountpoint=mnt)
+    assert f"--disk-cache 10240.0 TiB is more than the file system of {tmp_path / 'c'}" in line
+    assert "give a smaller --disk-cache" in line
+    assert warnings_of_a_mount(local_bucket.as_uri(), "--disk-cache", "16Mi", "--cache-dir",
+                               str(tmp_path / "c"), mountpoint=mnt) == []
+
+
+def test_a_one_letter_decimal_size_is_a_warning(local_bucket, mnt, tmp_path):
+    """`10G` is 10^9 bytes as Kubernetes reads it, not rclone's 2^30: said, not refused."""
+    [line] = warnings_of_a_mount(local_bucket.as_uri(), "--ram-cache", "1G", "--cache-dir",
+                                 str(tmp_path / "c"), mountpoint=mnt)
+    assert line == ("avafs: warning: --ram-cache 1G is 1*10^9 bytes (Kubernetes reads G as a "
+                    "power of 1000, rclone as a power of 1024): write 1Gi for 1*2^30 bytes, or "
+                    "1GB to keep powers of 1000 without this warning")
+    config = tmp_path / "avafs.yaml"
+    config.write_text(f"namespace:\n  data: {local_bucket.as_uri()}\nram_cache: 500M\n"
+                      "disk_cache: 1GB\n")
+    [line] = warnings_of_a_mount("--config", str(config), "--cache-dir", str(tmp_path / "c"),
+                                 mountpoint=mnt)
+    assert line.startswith(f"avafs: warning: {config}, line 3: ram_cache: 500M is 500*10^6 bytes")
 
 
 def test_umount_of_something_not_mounted(mnt):

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from ..errors import AvafsError
-from .options import OPTIONS_BY_NAME, parse_option
+from .options import OPTIONS_BY_NAME, parse_option, size_spelling_warning
 
 
 def _where(path: Path, node: yaml.Node) -> str:
@@ -39,8 +39,11 @@ def check_namespace_name(name: str, where: str) -> None:
                          "directory name, without '/'")
 
 
-def load_config(path: Path) -> tuple[dict[str, str], dict[str, Any]]:
-    """(sources by directory name, option values by name) from a config file."""
+def load_config(path: Path, warnings: list[str] | None = None
+                ) -> tuple[dict[str, str], dict[str, Any]]:
+    """(sources by directory name, option values by name) from a config file; a line for
+    each value written in a way that reads two ways (`size_spelling_warning`) is added to
+    `warnings`, if given."""
     try:
         text = path.read_text()
     except OSError as error:
@@ -71,7 +74,11 @@ def load_config(path: Path) -> tuple[dict[str, str], dict[str, Any]]:
                                      f"namespace entry {name!r} appears twice")
                 sources[name] = str(_scalar(path, url_node))
         elif key in OPTIONS_BY_NAME:
-            values[key] = parse_option(key, _scalar(path, value_node), f"{key!r} in {where}")
+            scalar = _scalar(path, value_node)
+            values[key] = parse_option(key, scalar, f"{key!r} in {where}")
+            warning = size_spelling_warning(key, scalar, f"{where}: {key}:")
+            if warning and warnings is not None:
+                warnings.append(warning)
         else:
             near = difflib.get_close_matches(key.replace("-", "_"),
                                              ["namespace", *OPTIONS_BY_NAME], n=1)

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 from ..errors import AvafsError
 from .cache_dir import default_cache_dir
 from .durations import parse_duration, positive_duration
-from .sizes import parse_size
+from .sizes import decimal_letter_warning, parse_size
 
 
 def _size(value: Any) -> int:
@@ -368,6 +368,14 @@ def parse_option(name: str, value: Any, where: str) -> Any:
         return spec.parse(value)
     except (TypeError, ValueError) as error:
         raise AvafsError(f"invalid {where}: {error}") from None
+
+
+def size_spelling_warning(name: str, value: Any, where: str) -> str | None:
+    """For a size option's value with a one-letter decimal unit (`10G`), the warning that
+    says how it is read (sizes.py); None otherwise."""
+    if OPTIONS_BY_NAME[name].parse not in (_size, _positive_size):
+        return None
+    return decimal_letter_warning(value, where)
 
 
 def build_mount_options(sources: dict[str, str], values: dict[str, Any]) -> MountOptions:

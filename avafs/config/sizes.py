@@ -6,6 +6,11 @@ spellings people also write stay accepted with their usual meaning: `KiB MiB GiB
 powers of 1024, `KB MB GB TB` powers of 1000. Units are case-insensitive except `m`, which
 Kubernetes reads as milli: `10m` is refused rather than guessed. Sizes are shown in powers of
 1024 only (`format_size`), so one report never mixes the two systems.
+
+A one-letter decimal unit (`10G`) reads two ways: Kubernetes means 10^9, rclone and most mount
+tools 2^30. It keeps Kubernetes' meaning (the CSI driver's volume attributes are Kubernetes
+quantities) and `decimal_letter_warning` says so when a mount is given one; `10GB` says 10^9
+without that doubt.
 """
 
 from __future__ import annotations
@@ -50,6 +55,20 @@ def parse_size(text: str | int) -> int:
         raise ValueError(f"invalid size {text!r}: use a number with an optional unit "
                          f"{UNITS_HELP}, e.g. 10Gi")
     return int(float(match.group(1)) * multiplier)
+
+
+def decimal_letter_warning(text: str | int, where: str) -> str | None:
+    """A one-line warning for a size written with a one-letter decimal unit (`10G`), which
+    rclone's users read as powers of 1024; None for any other spelling."""
+    match = None if isinstance(text, int) else _SIZE.match(text)
+    if match is None or match.group(2).upper() not in _DECIMAL or match.group(2) == "m":
+        return None
+    number, unit = match.group(1), match.group(2)
+    power = _DECIMAL[unit.upper()]
+    return (f"{where} {number}{unit} is {number}*10^{3 * power} bytes (Kubernetes reads {unit} "
+            f"as a power of 1000, rclone as a power of 1024): write {number}{unit.upper()}i "
+            f"for {number}*2^{10 * power} bytes, or {number}{unit.upper()}B to keep powers of "
+            "1000 without this warning")
 
 
 def format_size(size: float) -> str:
