@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlparse
@@ -26,6 +27,7 @@ from .config.cache_dir import (
     log_path,
     open_log_for_append,
     prepare_cache_dir,
+    remove_unused,
     unuploaded_in_shared_default,
 )
 from .config.durations import DURATION_HELP, positive_duration
@@ -48,6 +50,7 @@ from .host.processes import wait_for_exit
 from .log_format import printable
 
 _DAEMON_START_TIMEOUT = 120.0
+_DAEMON_EXIT_TIMEOUT = 10.0
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -336,7 +339,7 @@ def _warn_of_unuploaded_writes(cache_dir: Path) -> None:
 
 
 def _start_daemon(options: MountOptions, argv: list[str]) -> int:
-    prepare_cache_dir(options.cache_dir)
+    created = prepare_cache_dir(options.cache_dir)
     read_end, write_end = os.pipe()
     log_file = open_log_for_append(options.cache_dir)
     try:
@@ -352,11 +355,16 @@ def _start_daemon(options: MountOptions, argv: list[str]) -> int:
             print(f"avafs: {message}", file=sys.stderr)
     if message == "ready":
         return 0
+    log = log_path(options.cache_dir)
     if not message:
         daemon.wait(timeout=_DAEMON_START_TIMEOUT)
         message = (f"error: the mount daemon exited ({daemon.returncode}) before the mount was "
-                   f"ready; see {log_path(options.cache_dir)}")
+                   f"ready; see {log}")
     print(f"avafs: {message}", file=sys.stderr)
+    if created and str(log) not in message:  # the message says it all: the log is not needed
+        with suppress(subprocess.TimeoutExpired):
+            daemon.wait(timeout=_DAEMON_EXIT_TIMEOUT)  # done with its log and lock
+        remove_unused(options.cache_dir)
     return 1
 
 

@@ -36,6 +36,7 @@ from .config.cache_dir import (
     WRITEBACK_DIR,
     log_path,
     prepare_cache_dir,
+    remove_unused,
 )
 from .config.options import MountOptions
 from .control.socket import SOCKET_NAME, ControlServer, Progress
@@ -337,7 +338,7 @@ def serve(options: MountOptions, mountpoint: Path, ready_fd: int | None) -> int:
     """
     os.umask(PRIVATE_UMASK)
     try:
-        prepare_cache_dir(options.cache_dir)
+        created = prepare_cache_dir(options.cache_dir)
     except AvafsError as error:
         _report(ready_fd, f"error: {error}")
         return 1
@@ -362,6 +363,8 @@ def serve(options: MountOptions, mountpoint: Path, ready_fd: int | None) -> int:
         except AvafsError as error:
             log.error("%s", error)
             _report(ready_fd, f"error: {error}")
+            if created:  # in the foreground: the message says it all, the log is not needed
+                exits.callback(remove_unused, options.cache_dir)
             return 1
         except Exception as error:
             log.exception("mount failed")

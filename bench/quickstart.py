@@ -1,14 +1,18 @@
 """The quickstart's main job: a sample local bucket, mounted, read twice.
 
 It shows on one machine, with no server, what avafs does for a training job: the first epoch
-reads through the mount into the cache, the second is served from it.
+reads through the mount into the cache, the second is served from it. The sample bucket and
+the cache (about 700 MiB by default) are removed at the end, unless --keep.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
 import tempfile
+from contextlib import suppress
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -22,20 +26,41 @@ from avafs.config.sizes import format_size  # noqa: E402
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workdir", type=Path,
-                        default=Path(tempfile.gettempdir()) / "avafs-quickstart")
+                        default=Path(tempfile.gettempdir()) / "avafs-quickstart",
+                        help="a directory of the quickstart's own (default: %(default)s)")
     parser.add_argument("--large", type=int, default=4, help="64 MiB files (default 4)")
     parser.add_argument("--small", type=int, default=1000, help="100 KiB files (default 1000)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the sample bucket and the cache under --workdir (default: "
+                             "removed at the end)")
     args = parser.parse_args()
 
-    bucket, mountpoint, cache = (args.workdir / name for name in ("bucket", "mnt", "cache"))
+    made = tuple(args.workdir / name for name in ("bucket", "mnt", "cache"))
+    try:
+        return _run(args, *made)
+    finally:
+        if not args.keep:
+            _remove(args.workdir, made)
+
+
+def _remove(workdir: Path, made: tuple[Path, ...]) -> None:
+    """Remove what the quickstart made under `workdir`, and `workdir` if that empties it;
+    never through a mount still there (it would delete the files it serves)."""
+    for path in made:
+        if not os.path.ismount(path):
+            shutil.rmtree(path, ignore_errors=True)
+    with suppress(OSError):
+        workdir.rmdir()
+    print(f"removed the sample bucket and the cache from {workdir} (--keep keeps them)")
+
+
+def _run(args: argparse.Namespace, bucket: Path, mountpoint: Path, cache: Path) -> int:
     dataset = make_dataset(args.large, 64 * MiB, args.small, 100 * 1024)
     print(f"sample bucket: {bucket} ({args.large} x 64 MiB, {args.small} x 100 KiB)")
     write_local(bucket, dataset)
     mountpoint.mkdir(parents=True, exist_ok=True)
     avafs("evict", str(mountpoint), check=False)
     if cache.exists():
-        import shutil
-
         shutil.rmtree(cache)
     avafs("mount", bucket.as_uri(), str(mountpoint), "--cache-dir", str(cache),
           "--ram-cache", "512MiB", "--disk-cache", "2GiB")

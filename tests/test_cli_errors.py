@@ -60,12 +60,22 @@ def test_local_directory_not_found(mnt, tmp_path):
 
 
 def test_bucket_not_found(s3_server, s3_env, mnt, tmp_path):
+    """A mistyped bucket leaves no cache dir behind (the default one is named after it), in
+    the foreground too (where the log on stderr also has the error)."""
     line = one_line_error(run_avafs("mount", "s3://no-such-bucket", str(mnt), "--endpoint-url",
                                     s3_server.endpoint, "--cache-dir", str(tmp_path / "c")))
     assert "bucket 'no-such-bucket' not found" in line
+    assert not (tmp_path / "c").exists()
+    foreground = run_avafs("mount", "--foreground", "s3://no-such-bucket", str(mnt),
+                           "--endpoint-url", s3_server.endpoint, "--cache-dir", str(tmp_path / "c"))
+    assert foreground.returncode == 1
+    assert foreground.stderr.splitlines()[-1] == line
+    assert not (tmp_path / "c").exists()
 
 
 def test_access_denied(tmp_path, mnt, monkeypatch):
+    """A failed mount keeps a cache dir that was there before it, and its log."""
+    (tmp_path / "c").mkdir()
     monkeypatch.setenv("INITIAL_NO_AUTH_ACTION_COUNT", "0")
     server = S3Server(tmp_path / "auth.log")
     try:

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import stat
+from contextlib import suppress
 from pathlib import Path
 
 from ..errors import AvafsError
@@ -88,6 +89,22 @@ def _make_dir(cache_dir: Path) -> bool:
             reason = error.strerror
         raise AvafsError(f"cannot create cache dir {cache_dir}: {reason}: {_CACHE_DIR_FIX}") \
             from None
+
+
+def remove_unused(cache_dir: Path) -> None:
+    """Remove a cache dir that a mount created and then failed in before caching or
+    journaling anything, so failed attempts leave nothing behind (a mistyped bucket would
+    otherwise leave a default cache dir named after the typo, one per try). Anything in it
+    but what a failed start writes (the log, the lock, the pid file) keeps it."""
+    try:
+        names = set(os.listdir(cache_dir))
+    except OSError:
+        return
+    if names <= {LOG_FILE, LOCK_FILE, PID_FILE}:
+        for name in names:
+            (cache_dir / name).unlink(missing_ok=True)
+        with suppress(OSError):
+            cache_dir.rmdir()
 
 
 def open_log_for_append(cache_dir: Path) -> int:
