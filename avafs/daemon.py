@@ -38,12 +38,12 @@ from .config.cache_dir import (
     prepare_cache_dir,
     remove_unused,
 )
+from .config.free_space import disk_cache_warning
 from .config.options import MountOptions
 from .control.socket import SOCKET_NAME, ControlServer, Progress
 from .control.status import RecentErrors, build_status
 from .errors import NEW_OBJECTS_HINT, AvafsError
 from .fuse_ops import AvafsOperations
-from .host.free_space import disk_cache_warning
 from .host.mounts import AVAFS_FSTYPE, device_mounted, mount_at, wait_until_unmounted
 from .log_format import EscapingFormatter
 from .metrics import Metrics

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..config.sizes import format_size
+from .sizes import format_size
 
 
 def disk_cache_warning(cache_dir: Path, capacity: int, held: int) -> str | None:
