@@ -110,6 +110,11 @@ class ObjectStore(ABC):
         """Whether files may get any owner and group (`Attrs.uid`, `Attrs.gid`)."""
         return True
 
+    def key_fits(self, key: str) -> bool:
+        """Whether the store can hold an object of this key at all: a key it cannot is
+        refused when the file is named (ENAMETOOLONG), not retried as an upload."""
+        return True
+
     @abstractmethod
     def check(self) -> None:
         """Raise AvafsError with a user-facing message if the store cannot be used."""
