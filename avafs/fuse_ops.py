@@ -669,7 +669,7 @@ class AvafsOperations(pyfuse3.Operations):
         with _as_fuse_error():
             self.namespace.check_key(parent, text)
         handle = await self._writer(0, parent.source, parent.key + text, None,
-                                    self._creator_attrs(parent.source, mode, ctx))
+                                    self._creator_attrs(parent, mode, ctx))
         node = self.namespace.child(parent, Entry(text, self.writeback.info(handle.pending)))
         handle.inode = node.inode
         self.namespace.entries_changed(parent)
@@ -682,14 +682,29 @@ class AvafsOperations(pyfuse3.Operations):
         if not valid_name(os.fsdecode(name)):
             raise pyfuse3.FUSEError(errno.EINVAL)
 
-    def _creator_attrs(self, source: str, mode: int, ctx: pyfuse3.RequestContext) -> Attrs:
+    def _creator_attrs(self, parent: Node, mode: int, ctx: pyfuse3.RequestContext) -> Attrs:
         """A new file keeps the mode it was created with, and its creator as owner where that
         is not the mount's default owner (another user of an --allow-other mount) and the
-        store can keep it. Its group is the mount's, as in a set-group-ID directory: what a
-        pod's fsGroup expects."""
-        foreign = ctx.uid != self._uid and self.namespace.stores[source].keeps_owners()
+        store can keep it. Its group, as on Linux: the parent's if the parent is set-group-ID
+        (a directory made there is too); else, on a mount given a --gid (a pod's fsGroup),
+        that group, as in a set-group-ID directory: what kubelet makes of a volume for an
+        fsGroup; else its creator's."""
+        keeps_owners = self.namespace.stores[parent.source].keeps_owners()
+        foreign = ctx.uid != self._uid and keeps_owners
         file_type = stat.S_IFMT(mode)
-        return Attrs(mode=stat.S_IMODE(mode), uid=ctx.uid if foreign else None,
+        permissions = stat.S_IMODE(mode)
+        shown = self._directory_attributes(parent)
+        gid = None
+        if shown.st_mode & stat.S_ISGID:
+            gid = shown.st_gid
+            if file_type == stat.S_IFDIR:
+                permissions |= stat.S_ISGID
+        elif self.options.gid is not None:
+            gid = self.options.gid  # kept with the file: a file:// bucket's files show their own
+        elif ctx.gid != self._gid and keeps_owners:
+            gid = ctx.gid
+        return Attrs(mode=permissions, uid=ctx.uid if foreign else None,
+                     gid=gid if keeps_owners else None,
                      file_type=None if file_type in (0, stat.S_IFREG) else file_type)
 
     def _check_writable_directory(self, directory: Node) -> None:
@@ -861,7 +876,7 @@ class AvafsOperations(pyfuse3.Operations):
         self._check_writable_directory(parent)
         self._check_name(name)
         node = await self._blocking(self.namespace.mkdir, parent, os.fsdecode(name),
-                                    self._creator_attrs(parent.source, stat.S_IFDIR | mode, ctx))
+                                    self._creator_attrs(parent, stat.S_IFDIR | mode, ctx))
         self.namespace.entries_changed(parent)
         return self._attributes(node)
 
@@ -919,8 +934,7 @@ class AvafsOperations(pyfuse3.Operations):
         with _as_fuse_error():
             self.namespace.check_key(parent, text)
         handle = await self._writer(0, parent.source, parent.key + text, None,
-                                    self._creator_attrs(parent.source,
-                                                        stat.S_IFLNK | 0o777, ctx))
+                                    self._creator_attrs(parent, stat.S_IFLNK | 0o777, ctx))
         try:
             with _as_fuse_error():
                 self.writeback.wrote(handle.pending, 0, len(target))
@@ -967,7 +981,7 @@ class AvafsOperations(pyfuse3.Operations):
         parent = self.namespace.node(parent_inode)
         self._check_writable_directory(parent)
         self._check_name(name)
-        attrs = self._creator_attrs(parent.source, mode, ctx)
+        attrs = self._creator_attrs(parent, mode, ctx)
         if attrs.file_type is None:
             fi, attributes = await self.create(parent_inode, name, mode,
                                                os.O_CREAT | os.O_EXCL | os.O_WRONLY, ctx)

@@ -131,6 +131,8 @@ class _Listing:
     _subdirectories: int | None = None
     listed_ahead: bool = False
     """Fetched ahead of a walk and not asked for since: its first caller moves the window."""
+    marker: ObjectInfo | None = None
+    """The directory's own marker object as the listing showed it; None: it has none."""
 
     @property
     def subdirectories(self) -> int:
@@ -485,10 +487,14 @@ class Namespace:
             name = sub_prefix[skip:-1]
             if self._acceptable(source, name, sub_prefix):
                 entries[name] = Entry(name, None)
+        marker = None
         for info in result.objects:
             name = info.key[skip:]
+            if info.key == prefix:
+                marker = info
+                continue
             if name == "" or info.key.endswith("/"):
-                continue  # a directory marker object, or a key that cannot be a file
+                continue  # a key that cannot be a file
             if not self._acceptable(source, name, info.key):
                 continue
             if name in entries:
@@ -496,7 +502,7 @@ class Namespace:
                              "name shadows it")
                 continue
             entries[name] = Entry(name, info)
-        return _Listing(fetched_at, entries)
+        return _Listing(fetched_at, entries, marker=marker)
 
     def _acceptable(self, source: str, name: str, key: str) -> bool:
         if valid_name(name) and "/" not in name:
@@ -618,10 +624,16 @@ class Namespace:
 
     def describe_directory(self, node: Node) -> ObjectInfo | None:
         """`directory_info`, the stored marker read first where it was not read within the
-        TTL (one HEAD; blocks). A store that does not answer leaves what was read before, as
-        `describe` does for files."""
+        TTL: from the directory's cached listing where that shows the marker's absence or its
+        attributes, else with one HEAD (blocks). A store that does not answer leaves what was
+        read before, as `describe` does for files."""
         if not node.key or self.is_fresh(node.marker_read_at) or \
                 self._clock() < self._describe_paused_until:
+            return self.directory_info(node)
+        listing = self._fresh_store_listing(node.source, node.key)
+        if listing is not None and (listing.marker is None or listing.marker.attrs is not None):
+            with self._lock:  # the listing shows it has none, or shows its attributes
+                node.marker, node.marker_read_at = listing.marker, listing.fetched_at
             return self.directory_info(node)
         try:
             found = self.stores[node.source].head_quickly(node.key)

@@ -296,6 +296,26 @@ def test_another_user_writes_where_uid_and_gid_make_it_owner_and_is_refused_else
     assert stat.S_IMODE(os.stat(again / "ckpt.txt").st_mode) == 0o400
 
 
+def test_a_new_files_group_is_its_creators_or_a_set_group_id_parents(s3_server, bucket,
+                                                                       s3_mount, public_dir):
+    mnt = s3_mount("--allow-other", mountpoint=public_dir / "mnt")
+    for name, mode, group in (("open", 0o777, None), ("sgid", 0o2777, 4321)):
+        (mnt / name).mkdir()
+        if group is not None:
+            os.chown(mnt / name, -1, group)
+        os.chmod(mnt / name, mode)
+    assert _as_nobody(lambda: str(os.mkdir(mnt / "open" / "mine"))) == "None"
+    assert _as_nobody(lambda: str(os.mkdir(mnt / "sgid" / "inherits"))) == "None"
+    assert os.stat(mnt / "open" / "mine").st_gid == NOBODY  # its creator's
+    inherits = os.stat(mnt / "sgid" / "inherits")
+    assert inherits.st_gid == 4321 and inherits.st_mode & stat.S_ISGID
+    Client(mnt).flush()
+    again = _fresh_mount(s3_mount, mnt, "again")
+    assert (os.stat(again / "open" / "mine").st_uid,
+            os.stat(again / "open" / "mine").st_gid) == (NOBODY, NOBODY)
+    assert os.stat(again / "sgid" / "inherits").st_gid == 4321
+
+
 def test_without_uid_another_user_cannot_create_in_the_mounting_users_directories(
         s3_mount, public_dir):
     mnt = s3_mount("--allow-other", mountpoint=public_dir / "mnt")

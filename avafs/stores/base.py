@@ -121,7 +121,8 @@ class ObjectStore(ABC):
 
     @abstractmethod
     def list_dir(self, prefix: str) -> Listing:
-        """Every entry directly under `prefix` ('' or ending in '/'), all pages."""
+        """Every entry directly under `prefix` ('' or ending in '/'), all pages, and the
+        directory's own marker object (key `prefix`) where it has one."""
 
     @abstractmethod
     def head(self, key: str) -> ObjectInfo | None:

@@ -16,6 +16,7 @@ retrying it; what may pass (no space, an I/O error) is not.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
@@ -89,6 +90,9 @@ class LocalStore(ObjectStore):
             return Listing([], [])
         except OSError as error:
             raise _failure("list", self._path(prefix), error) from None
+        if prefix:  # the directory itself, as a listing of S3 shows its marker object
+            with contextlib.suppress(FileNotFoundError):
+                objects.append(_info(prefix, os.lstat(self._path(prefix))))
         for entry in entries:
             try:
                 if entry.is_dir(follow_symlinks=False):
