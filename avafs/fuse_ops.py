@@ -22,13 +22,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import logging
 import os
 import stat
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import pyfuse3
@@ -38,7 +39,7 @@ from .errors import ObjectChangedError, StoreError
 from .namespace import NAME_MAX, ROOT_INODE, Entry, Namespace, Node, Refused, valid_name
 from .objects import ObjectRef
 from .stores.base import ObjectInfo
-from .stores.metadata import Attrs
+from .stores.metadata import SPECIAL_TYPES, Attrs
 from .tiers.readahead import ReadAhead
 from .tiers.stack import TierStack
 from .writeback.pending import DATA, Pending
@@ -86,23 +87,61 @@ class OpenDirectory:
     """The listing this handle pages through, fixed at its first readdir for consistency."""
 
 
+def _errno_of(error: Exception) -> int:
+    """A failure of the local disk or the store as the errno the caller gets: any other
+    exception out of a handler would end pyfuse3's main loop, and with it the mount for every
+    user. One that is none of these is a bug: logged with its traceback, answered EIO."""
+    if isinstance(error, Refused):
+        return error.errno
+    if isinstance(error, OSError):
+        log.error("%s", error)
+        return error.errno or errno.EIO
+    if isinstance(error, ObjectChangedError):
+        log.warning("%s", error)
+        return errno.ESTALE
+    if isinstance(error, StoreError):
+        log.error("%s", error)
+        return errno.EIO
+    log.error("a request failed unexpectedly; answered EIO", exc_info=error)
+    return errno.EIO
+
+
 @contextlib.contextmanager
 def _as_fuse_error() -> Iterator[None]:
-    """A failure of the local disk or the store as the errno the caller gets: any other
-    exception out of a handler would end pyfuse3's main loop."""
+    """`_errno_of` for a block of a handler."""
     try:
         yield
-    except Refused as error:
-        raise pyfuse3.FUSEError(error.errno) from None
-    except OSError as error:
-        log.error("%s", error)
-        raise pyfuse3.FUSEError(error.errno or errno.EIO) from None
-    except ObjectChangedError as error:
-        log.warning("%s", error)
-        raise pyfuse3.FUSEError(errno.ESTALE) from None
-    except StoreError as error:
-        log.error("%s", error)
-        raise pyfuse3.FUSEError(errno.EIO) from None
+    except pyfuse3.FUSEError:
+        raise
+    except Exception as error:
+        raise pyfuse3.FUSEError(_errno_of(error)) from None
+
+
+_HANDLERS = frozenset(name for name in vars(pyfuse3.Operations)
+                      if not name.startswith("_") and name not in
+                      ("init", "stacktrace", "supports_dot_lookup", "enable_acl",
+                       "enable_writeback_cache"))
+"""The methods pyfuse3 calls for kernel requests."""
+
+
+def _guarded(operations: type[pyfuse3.Operations]) -> type[pyfuse3.Operations]:
+    """Every request handler of the class answered through `_errno_of`, so that no
+    request, whatever fails under it, can end the daemon. The handlers keep their own checks
+    and their own ordering of side effects: this is the last line, not the error handling."""
+    for name in _HANDLERS & set(vars(operations)):
+        handler = vars(operations)[name]
+
+        @functools.wraps(handler)
+        async def guarded(*args: object, _handler=handler, **kwargs: object) -> object:
+            try:
+                return await _handler(*args, **kwargs)
+            except pyfuse3.FUSEError:
+                raise
+            except Exception as error:
+                raise pyfuse3.FUSEError(_errno_of(error)) from None
+
+        setattr(operations, name, guarded)
+    return operations
 
 
 async def _drop_pages(inode: int, threads: Executor) -> None:
@@ -113,6 +152,7 @@ async def _drop_pages(inode: int, threads: Executor) -> None:
                                                          inode)
 
 
+@_guarded
 class AvafsOperations(pyfuse3.Operations):
     def __init__(self, namespace: Namespace, stack: TierStack, options: MountOptions,
                  xattrs: dict[str, str]) -> None:
@@ -188,11 +228,13 @@ class AvafsOperations(pyfuse3.Operations):
     # --- attributes ------------------------------------------------------------------------
 
     def _attributes(self, node: Node, listed_in: str | None = None) -> pyfuse3.EntryAttributes:
-        """A file's mode and owner are its object's where it names them, else the mount's
-        defaults. Attributes not read from the object yet (a readdir answers from the
-        listing) are given with no attribute timeout, so a stat comes back for them. A file
-        deleted while open shows its local state, with no link left. `listed_in`: the prefix
-        of the listing that named the node, where the caller knows it (a readdir)."""
+        """A file's mode, owner, type and times are its object's where it names them, else
+        the mount's defaults. Attributes not read from the object yet (a readdir answers from
+        the listing) are given with no timeout, so a stat comes back for them. A
+        file deleted while open shows its local state, with no link left. `listed_in`: the
+        prefix of the listing that named the node, where the caller knows it (a readdir)."""
+        if node.is_dir:
+            return self._directory_attributes(node)
         orphan = self._orphans.get(node.inode)
         if orphan is not None:
             state: Pending | None = orphan
@@ -204,32 +246,69 @@ class AvafsOperations(pyfuse3.Operations):
             built = self._built.get(node.inode)
             if built is not None and built[0] is info:
                 return built[1]
-        kept = (info.attrs if info is not None else None) or _NO_ATTRS
-        attrs = pyfuse3.EntryAttributes()
-        attrs.st_ino = node.inode
-        attrs.entry_timeout = self._timeout
-        attrs.attr_timeout = 0 if self._undescribed(info) else self._timeout
-        attrs.st_uid = self._uid if kept.uid is None else kept.uid
-        attrs.st_gid = self._gid if kept.gid is None else kept.gid
-        attrs.st_blksize = 128 * 1024
-        if info is None:
-            attrs.st_mode = stat.S_IFDIR | self.options.dir_mode
-            attrs.st_nlink = 1
-            mtime_ns = self._started_ns
-        else:
-            attrs.st_mode = stat.S_IFREG | (self.options.file_mode if kept.mode is None
-                                            else kept.mode)
+        attrs = self._new_attributes(node, info)
+        if self._undescribed(info):
+            # Nor the entry: its type may not be a regular file's (a link), and the kernel
+            # cannot change an inode's type, only look the name up again and make a new one.
+            attrs.attr_timeout = attrs.entry_timeout = 0
+        if info is not None:
             attrs.st_nlink = 0 if orphan else 1
             attrs.st_size = info.size
             if state is not None and state.allocated is not None:
                 attrs.st_blocks = state.allocated // 512  # a sparse file written here
             else:
                 attrs.st_blocks = -(-info.size // 512)
-            mtime_ns = int(info.mtime * 1e9)
-        attrs.st_atime_ns = attrs.st_mtime_ns = attrs.st_ctime_ns = mtime_ns
         if state is None:
             self._built[node.inode] = (info, attrs)
         return attrs
+
+    def _new_attributes(self, node: Node, info: ObjectInfo | None) -> pyfuse3.EntryAttributes:
+        """What a file and a directory share: owner, mode and type, times. A time the object
+        does not keep reads as its mtime (atime: reads do not advance it; ctime: the mtime,
+        unless a change of attributes or a rename set it later)."""
+        kept = (info.attrs if info is not None else None) or _NO_ATTRS
+        attrs = pyfuse3.EntryAttributes()
+        attrs.st_ino = node.inode
+        attrs.entry_timeout = self._timeout
+        attrs.attr_timeout = self._timeout
+        attrs.st_uid = self._uid if kept.uid is None else kept.uid
+        attrs.st_gid = self._gid if kept.gid is None else kept.gid
+        attrs.st_blksize = 128 * 1024
+        if node.is_dir:
+            mode = self.options.dir_mode
+        else:
+            mode = 0o777 if kept.file_type == stat.S_IFLNK else self.options.file_mode
+        file_type = stat.S_IFDIR if node.is_dir else kept.file_type or stat.S_IFREG
+        attrs.st_mode = file_type | (mode if kept.mode is None else kept.mode)
+        attrs.st_rdev = kept.rdev or 0
+        mtime = self._started_ns / 1e9 if info is None else info.mtime
+        attrs.st_mtime_ns = round(mtime * 1e9)
+        attrs.st_atime_ns = round((mtime if kept.atime is None else kept.atime) * 1e9)
+        attrs.st_ctime_ns = round((mtime if kept.ctime is None else kept.ctime) * 1e9)
+        return attrs
+
+    def _directory_attributes(self, node: Node) -> pyfuse3.EntryAttributes:
+        """A directory's attributes are its marker object's where it has one, else the
+        mount's; its mtime and ctime advance with the entries this mount changes in it. Its
+        link count is 2 and one per subdirectory where its listing is cached, else 1 (what
+        tools read as "not counted")."""
+        marker = self.namespace.directory_info(node)
+        attrs = self._new_attributes(node, marker)
+        if self._undescribed_directory(node):
+            attrs.attr_timeout = 0
+        changed = node.entries_changed_at
+        if changed is not None:
+            changed_ns = round(changed * 1e9)
+            attrs.st_mtime_ns = max(attrs.st_mtime_ns, changed_ns)
+            attrs.st_ctime_ns = max(attrs.st_ctime_ns, changed_ns)
+        subdirectories = self.namespace.subdirectories(node)
+        attrs.st_nlink = 1 if subdirectories is None else 2 + subdirectories
+        return attrs
+
+    def _undescribed_directory(self, node: Node) -> bool:
+        """Whether a directory's marker must still be read from the store."""
+        return bool(node.key) and not self.options.listing_attrs and \
+            not self.namespace.is_fresh(node.marker_read_at)
 
     def _undescribed(self, info: ObjectInfo | None) -> bool:
         """Whether a file's attributes must still be read from its object."""
@@ -237,6 +316,10 @@ class AvafsOperations(pyfuse3.Operations):
 
     async def _described(self, node: Node) -> pyfuse3.EntryAttributes:
         """The node's attributes, its object's metadata read first where needed (one HEAD)."""
+        if node.is_dir:
+            if self._undescribed_directory(node):
+                await self._blocking(self.namespace.describe_directory, node)
+            return self._attributes(node)
         if not self.options.listing_attrs:
             await self._info_with_attrs(node)
         if not self._opens:
@@ -518,7 +601,13 @@ class AvafsOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EBADF)
         await self._apply_back_pressure()
         self.writeback.wrote(handle.pending, off, off + len(buf))
-        written = os.pwrite(handle.fd, buf, off)
+        try:
+            written = os.pwrite(handle.fd, buf, off)
+        except OSError:
+            self._rolled_back(handle)
+            raise
+        if written < len(buf):
+            self._rolled_back(handle)
         self.writeback.appended(handle.pending, off, off + written)
         if handle.pending.allocated is not None:
             self.writeback.measure(handle.pending, handle.fd)
@@ -577,10 +666,13 @@ class AvafsOperations(pyfuse3.Operations):
                       "O_TRUNC or O_EXCL creates are taken until it does", parent.key + text,
                       self.namespace.stores[parent.source].url)
             raise pyfuse3.FUSEError(errno.EIO)
+        with _as_fuse_error():
+            self.namespace.check_key(parent, text)
         handle = await self._writer(0, parent.source, parent.key + text, None,
-                                    self._creator_attrs(parent.source, mode, ctx))
+                                    self._creator_attrs(parent, mode, ctx))
         node = self.namespace.child(parent, Entry(text, self.writeback.info(handle.pending)))
         handle.inode = node.inode
+        self.namespace.entries_changed(parent)
         return pyfuse3.FileInfo(fh=self._register(handle)), self._attributes(node)
 
     @staticmethod
@@ -590,13 +682,30 @@ class AvafsOperations(pyfuse3.Operations):
         if not valid_name(os.fsdecode(name)):
             raise pyfuse3.FUSEError(errno.EINVAL)
 
-    def _creator_attrs(self, source: str, mode: int, ctx: pyfuse3.RequestContext) -> Attrs:
+    def _creator_attrs(self, parent: Node, mode: int, ctx: pyfuse3.RequestContext) -> Attrs:
         """A new file keeps the mode it was created with, and its creator as owner where that
         is not the mount's default owner (another user of an --allow-other mount) and the
-        store can keep it. Its group is the mount's, as in a set-group-ID directory: what a
-        pod's fsGroup expects."""
-        foreign = ctx.uid != self._uid and self.namespace.stores[source].keeps_owners()
-        return Attrs(mode=stat.S_IMODE(mode), uid=ctx.uid if foreign else None)
+        store can keep it. Its group, as on Linux: the parent's if the parent is set-group-ID
+        (a directory made there is too); else, on a mount given a --gid (a pod's fsGroup),
+        that group, as in a set-group-ID directory: what kubelet makes of a volume for an
+        fsGroup; else its creator's."""
+        keeps_owners = self.namespace.stores[parent.source].keeps_owners()
+        foreign = ctx.uid != self._uid and keeps_owners
+        file_type = stat.S_IFMT(mode)
+        permissions = stat.S_IMODE(mode)
+        shown = self._directory_attributes(parent)
+        gid = None
+        if shown.st_mode & stat.S_ISGID:
+            gid = shown.st_gid
+            if file_type == stat.S_IFDIR:
+                permissions |= stat.S_ISGID
+        elif self.options.gid is not None:
+            gid = self.options.gid  # kept with the file: a file:// bucket's files show their own
+        elif ctx.gid != self._gid and keeps_owners:
+            gid = ctx.gid
+        return Attrs(mode=permissions, uid=ctx.uid if foreign else None,
+                     gid=gid if keeps_owners else None,
+                     file_type=None if file_type in (0, stat.S_IFREG) else file_type)
 
     def _check_writable_directory(self, directory: Node) -> None:
         if self.writeback is None:
@@ -607,13 +716,14 @@ class AvafsOperations(pyfuse3.Operations):
     async def setattr(self, inode: int, attr: pyfuse3.EntryAttributes,
                       fields: pyfuse3.SetattrFields, fh: int | None,
                       ctx=None) -> pyfuse3.EntryAttributes:
-        """Size (truncate), and a file's mtime, mode and owner, which its object keeps in
-        its metadata (a file the store has gets them without sending its data again).
-        Directories are key prefixes with no metadata: their mtime is not kept, and a mode or
-        owner other than the mount's is refused with EPERM. The kernel has checked who may
-        change what (default_permissions)."""
+        """Size (truncate), and the times, mode and owner of a file or a directory, which its
+        object (a directory's: its marker) keeps in its metadata (a file the store has gets
+        them without sending its data again). Any of them sets the ctime. The kernel has
+        checked who may change what (default_permissions)."""
         node = self.namespace.node(inode)
         if fields.update_size:
+            if node.is_dir:
+                raise pyfuse3.FUSEError(errno.EISDIR)
             handle = self._open.get(fh) if fh is not None else None
             if handle is not None and handle.writable:
                 await self._truncate(handle, attr.st_size)
@@ -624,14 +734,17 @@ class AvafsOperations(pyfuse3.Operations):
                     await self._blocking(self.writeback.commit, handle.pending, handle.fd)
                 finally:
                     self._close(handle)
-        if node.is_dir:
-            self._check_directory_attributes(attr, fields)
-        elif fields.update_mtime or fields.update_mode or fields.update_uid or fields.update_gid:
+        if node.is_dir and not node.key:
+            self._check_root_attributes(attr, fields)
+        elif fields.update_mtime or fields.update_atime or fields.update_mode or \
+                fields.update_uid or fields.update_gid:
             await self._set_attributes(node, attr, fields)
         return self._attributes(node)
 
-    def _check_directory_attributes(self, attr: pyfuse3.EntryAttributes,
-                                    fields: pyfuse3.SetattrFields) -> None:
+    def _check_root_attributes(self, attr: pyfuse3.EntryAttributes,
+                               fields: pyfuse3.SetattrFields) -> None:
+        """The root of a source has no marker to keep attributes on: it keeps the mount's
+        (`--dir-mode`, `--uid`, `--gid`), and changing them is refused."""
         if (fields.update_mode and stat.S_IMODE(attr.st_mode) != self.options.dir_mode) or \
                 (fields.update_uid and attr.st_uid != self._uid) or \
                 (fields.update_gid and attr.st_gid != self._gid):
@@ -639,26 +752,53 @@ class AvafsOperations(pyfuse3.Operations):
 
     async def _set_attributes(self, node: Node, attr: pyfuse3.EntryAttributes,
                               fields: pyfuse3.SetattrFields) -> None:
+        """A directory's go on its marker, written anew; the root of a source has none, and
+        keeps the mount's."""
         self._check_writable(node)
         if (fields.update_uid or fields.update_gid) and \
                 not self.namespace.stores[node.source].keeps_owners():
             raise pyfuse3.FUSEError(errno.EPERM)
-        info = await self._info_with_attrs(node)
-        if info is None:
-            raise pyfuse3.FUSEError(errno.ENOENT)
-        kept = info.attrs or Attrs()
-        mode = stat.S_IMODE(attr.st_mode) if fields.update_mode else kept.mode
-        uid = attr.st_uid if fields.update_uid else kept.uid
-        gid = attr.st_gid if fields.update_gid else kept.gid
-        mtime = attr.st_mtime_ns / 1e9 if fields.update_mtime else info.mtime
-        await self._blocking(self.writeback.set_attributes, node.source, node.key, info, mtime,
-                             Attrs(mode, uid, gid))
+        if node.is_dir:
+            info = await self._blocking(self.namespace.describe_directory, node)
+            shown = self._directory_attributes(node)
+        else:
+            info = await self._info_with_attrs(node)
+            if info is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            shown = None
+        kept = (info.attrs if info is not None else None) or Attrs()
+        now = time.time()
+        if fields.update_mtime:
+            mtime = attr.st_mtime_ns / 1e9
+        else:
+            mtime = shown.st_mtime_ns / 1e9 if shown is not None else info.mtime
+        atime = attr.st_atime_ns / 1e9 if fields.update_atime else kept.atime
+        changed = Attrs(
+            mode=stat.S_IMODE(attr.st_mode) if fields.update_mode else kept.mode,
+            uid=attr.st_uid if fields.update_uid else kept.uid,
+            gid=attr.st_gid if fields.update_gid else kept.gid,
+            file_type=stat.S_IFDIR if node.is_dir else kept.file_type, rdev=kept.rdev,
+            atime=atime, ctime=now)
+        await self._blocking(self.writeback.set_attributes, node.source, node.key,
+                             None if node.is_dir else info, mtime, changed)
+        if node.is_dir:
+            node.entries_changed_at = None
 
     async def _truncate(self, handle: OpenFile, size: int) -> None:
         self.writeback.truncated(handle.pending, size)
-        os.ftruncate(handle.fd, size)
+        try:
+            os.ftruncate(handle.fd, size)
+        except OSError:
+            self._rolled_back(handle)
+            raise
         if handle.pending.allocated is not None:
             self.writeback.measure(handle.pending, handle.fd)
+
+    def _rolled_back(self, handle: OpenFile) -> None:
+        """After a write or truncate of the data file failed (EFBIG past the size the cache's
+        file system allows, ENOSPC): write-back, told of it first so that an upload in flight
+        knows its snapshot is stale, is told the length the file really has."""
+        self.writeback.truncated(handle.pending, os.fstat(handle.fd).st_size)
 
     # --- namespace changes ---------------------------------------------------------------------
 
@@ -679,6 +819,7 @@ class AvafsOperations(pyfuse3.Operations):
         if node is not None:
             await self._keep_reading([node])
         await self._blocking(self.writeback.unlink, parent.source, parent.key + text)
+        self.namespace.entries_changed(parent)
         if node is not None:
             self._orphan(node)
 
@@ -734,13 +875,16 @@ class AvafsOperations(pyfuse3.Operations):
         parent = self.namespace.node(parent_inode)
         self._check_writable_directory(parent)
         self._check_name(name)
-        node = await self._blocking(self.namespace.mkdir, parent, os.fsdecode(name))
+        node = await self._blocking(self.namespace.mkdir, parent, os.fsdecode(name),
+                                    self._creator_attrs(parent, stat.S_IFDIR | mode, ctx))
+        self.namespace.entries_changed(parent)
         return self._attributes(node)
 
     async def rmdir(self, parent_inode: int, name: bytes, ctx=None) -> None:
         parent = self.namespace.node(parent_inode)
         self._check_writable_directory(parent)
         await self._blocking(self.namespace.rmdir, parent, os.fsdecode(name))
+        self.namespace.entries_changed(parent)
 
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,
                      name_new: bytes, flags: int, ctx=None) -> None:
@@ -766,14 +910,97 @@ class AvafsOperations(pyfuse3.Operations):
         if plan.replaced is not None:
             readers.append(plan.replaced)
         await self._keep_reading(readers)
+        if plan.renamed is not None and not plan.is_dir:
+            await self._info_with_attrs(plan.renamed)  # so the rename can set its ctime
         await self._blocking(self.namespace.rename, plan)
+        self.namespace.entries_changed(old_parent)
+        self.namespace.entries_changed(new_parent)
         if plan.replaced is not None and plan.replaced.inode in self._handles:
             self._keep_orphan(plan.replaced.inode)
 
-    async def _not_supported(self, *args: object, **kwargs: object) -> None:
-        raise pyfuse3.FUSEError(errno.ENOTSUP)
+    # --- symbolic links and special files ----------------------------------------------------
 
-    link = symlink = mknod = _not_supported
+    async def symlink(self, parent_inode: int, name: bytes, target: bytes,
+                      ctx=None) -> pyfuse3.EntryAttributes:
+        """A link is an object whose mode says S_IFLNK and whose body is the target, written
+        as a file is (durable before this returns). The target is a path the kernel
+        resolves; the daemon never follows it."""
+        parent = self.namespace.node(parent_inode)
+        self._check_writable_directory(parent)
+        self._check_name(name)
+        text = os.fsdecode(name)
+        if await self._blocking(self.namespace.entry, parent, text) is not None:
+            raise pyfuse3.FUSEError(errno.EEXIST)
+        with _as_fuse_error():
+            self.namespace.check_key(parent, text)
+        handle = await self._writer(0, parent.source, parent.key + text, None,
+                                    self._creator_attrs(parent, stat.S_IFLNK | 0o777, ctx))
+        try:
+            with _as_fuse_error():
+                self.writeback.wrote(handle.pending, 0, len(target))
+                os.pwrite(handle.fd, target, 0)
+                self.writeback.appended(handle.pending, 0, len(target))
+            await self._blocking(self.writeback.commit, handle.pending, handle.fd)
+        finally:
+            self._close(handle)
+        node = self.namespace.child(parent, Entry(text, self.writeback.info(handle.pending)))
+        node.link_target = (self.writeback.info(handle.pending).etag, target)
+        self.namespace.entries_changed(parent)
+        return self._attributes(node)
+
+    async def readlink(self, inode: int, ctx=None) -> bytes:
+        """The link's body: from its local data file while it is pending, else its object
+        through the tiers (so the disk tier keeps it across remounts), once per version."""
+        node = self.namespace.node(inode)
+        info = await self._info_with_attrs(node)
+        if info is None or info.attrs is None or info.attrs.file_type != stat.S_IFLNK:
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        if node.link_target is not None and node.link_target[0] == info.etag:
+            return node.link_target[1]
+        state = self.writeback.get(node.source, node.key) if self.writeback else None
+        if state is not None and state.kind == DATA and state.file is not None:
+            handle = self._local_handle(inode, state, os.O_RDONLY)
+            try:
+                with _as_fuse_error():
+                    target = os.pread(handle.fd, info.size, 0)
+            finally:
+                self._close(handle)
+        else:
+            ref = await self._current_ref(node)
+            with _as_fuse_error():
+                target = await self.stack.read_async(ref, 0, ref.size,
+                                                     self.stack.new_read_ahead(), self._threads)
+        node.link_target = (info.etag, target)
+        return target
+
+    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int,
+                    ctx=None) -> pyfuse3.EntryAttributes:
+        """FIFOs, sockets and device nodes are objects that carry their mode (and a device's
+        number) and nothing else; the kernel serves them itself once they are looked up. A
+        regular file made this way is an empty file."""
+        parent = self.namespace.node(parent_inode)
+        self._check_writable_directory(parent)
+        self._check_name(name)
+        attrs = self._creator_attrs(parent, mode, ctx)
+        if attrs.file_type is None:
+            fi, attributes = await self.create(parent_inode, name, mode,
+                                               os.O_CREAT | os.O_EXCL | os.O_WRONLY, ctx)
+            await self.release(fi.fh)
+            return attributes
+        if attrs.file_type not in SPECIAL_TYPES:
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        if attrs.file_type in (stat.S_IFCHR, stat.S_IFBLK):
+            attrs = replace(attrs, rdev=rdev)
+        node = await self._blocking(self.namespace.make_special, parent, os.fsdecode(name),
+                                    attrs)
+        self.namespace.entries_changed(parent)
+        return self._attributes(node)
+
+    async def link(self, inode: int, new_parent_inode: int, new_name: bytes,
+                   ctx=None) -> pyfuse3.EntryAttributes:
+        """Objects have one name each: a second name would be a second object, which a write
+        through one name would not change."""
+        raise pyfuse3.FUSEError(errno.ENOTSUP)
 
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx=None) -> None:
         raise pyfuse3.FUSEError(errno.ENOTSUP)

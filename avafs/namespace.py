@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from .errors import StoreError
 from .objects import ObjectRef, parent_prefix
 from .stores.base import ObjectInfo, ObjectStore
+from .stores.metadata import Attrs
 from .writeback.manager import WriteBack
 from .writeback.pending import COPY, DELETED, Pending
 
@@ -106,6 +107,16 @@ class Node:
     lookups: int = 0
     kernel_cached_etag: str | None = None
     """The version whose pages the kernel may hold, so a re-open can keep them."""
+    marker: ObjectInfo | None = None
+    """A directory's marker object (`key`, ending in '/') as the store has it, with the
+    directory's attributes; None where it has none or it was not read (`marker_read_at`)."""
+    marker_read_at: float = -math.inf
+    entries_changed_at: float | None = None
+    """When this mount last created, removed or renamed an entry of the directory: its mtime
+    and ctime from then on, in memory only (a marker written per new file would cost a
+    request each)."""
+    link_target: tuple[str, bytes] | None = None
+    """A symbolic link's (etag, target), read once per version."""
 
     @property
     def is_dir(self) -> bool:
@@ -117,8 +128,17 @@ class _Listing:
     fetched_at: float
     entries: dict[str, Entry] = field(default_factory=dict)
     _ordered: list[Entry] | None = None
+    _subdirectories: int | None = None
     listed_ahead: bool = False
     """Fetched ahead of a walk and not asked for since: its first caller moves the window."""
+    marker: ObjectInfo | None = None
+    """The directory's own marker object as the listing showed it; None: it has none."""
+
+    @property
+    def subdirectories(self) -> int:
+        if self._subdirectories is None:
+            self._subdirectories = sum(entry.is_dir for entry in self.entries.values())
+        return self._subdirectories
 
     @property
     def ordered(self) -> list[Entry]:
@@ -129,11 +149,11 @@ class _Listing:
 
     def put(self, entry: Entry) -> None:
         self.entries[entry.name] = entry
-        self._ordered = None
+        self._ordered = self._subdirectories = None
 
     def drop(self, name: str) -> None:
         if self.entries.pop(name, None) is not None:
-            self._ordered = None
+            self._ordered = self._subdirectories = None
 
 
 @dataclass(slots=True)
@@ -467,10 +487,14 @@ class Namespace:
             name = sub_prefix[skip:-1]
             if self._acceptable(source, name, sub_prefix):
                 entries[name] = Entry(name, None)
+        marker = None
         for info in result.objects:
             name = info.key[skip:]
+            if info.key == prefix:
+                marker = info
+                continue
             if name == "" or info.key.endswith("/"):
-                continue  # a directory marker object, or a key that cannot be a file
+                continue  # a key that cannot be a file
             if not self._acceptable(source, name, info.key):
                 continue
             if name in entries:
@@ -478,7 +502,7 @@ class Namespace:
                              "name shadows it")
                 continue
             entries[name] = Entry(name, info)
-        return _Listing(fetched_at, entries)
+        return _Listing(fetched_at, entries, marker=marker)
 
     def _acceptable(self, source: str, name: str, key: str) -> bool:
         if valid_name(name) and "/" not in name:
@@ -589,6 +613,59 @@ class Namespace:
                 listing.put(Entry(node.name, found))
         return found
 
+    def directory_info(self, node: Node) -> ObjectInfo | None:
+        """A directory's marker as the mount shows it: its pending state (a mkdir, a change
+        of attributes), else the stored marker read last (no I/O)."""
+        if self.writeback is not None and node.key:
+            state = self.writeback.get(node.source, node.key)
+            if state is not None and state.kind != DELETED:
+                return self.writeback.info(state)
+        return node.marker
+
+    def describe_directory(self, node: Node) -> ObjectInfo | None:
+        """`directory_info`, the stored marker read first where it was not read within the
+        TTL: from the directory's cached listing where that shows the marker's absence or its
+        attributes, else with one HEAD (blocks). A store that does not answer leaves what was
+        read before, as `describe` does for files."""
+        if not node.key or self.is_fresh(node.marker_read_at) or \
+                self._clock() < self._describe_paused_until:
+            return self.directory_info(node)
+        listing = self._fresh_store_listing(node.source, node.key)
+        if listing is not None and (listing.marker is None or listing.marker.attrs is not None):
+            with self._lock:  # the listing shows it has none, or shows its attributes
+                node.marker, node.marker_read_at = listing.marker, listing.fetched_at
+            return self.directory_info(node)
+        try:
+            found = self.stores[node.source].head_quickly(node.key)
+        except StoreError as error:
+            self._describe_paused_until = self._clock() + _DESCRIBE_PAUSE
+            log.warning("cannot read the attributes of %s (%s); showing defaults for %.0fs",
+                        node.key, error, _DESCRIBE_PAUSE)
+            return self.directory_info(node)
+        with self._lock:
+            node.marker, node.marker_read_at = found, self._clock()
+        return self.directory_info(node)
+
+    def subdirectories(self, node: Node) -> int | None:
+        """How many subdirectories a directory has, where its listing is cached (no I/O)."""
+        listing = self._listings.get((node.source, node.key))
+        if listing is None:
+            return None
+        if self.writeback is not None and self.writeback.children(node.source, node.key):
+            listing = self._with_pending(listing, node.source, node.key)
+        return listing.subdirectories
+
+    def entries_changed(self, directory: Node) -> None:
+        """This mount created, removed or renamed an entry of `directory` (see the node's
+        `entries_changed_at`)."""
+        directory.entries_changed_at = time.time()
+
+    def marker_info(self, source: str, prefix: str) -> ObjectInfo | None:
+        """The stored marker of a directory the kernel has a node for (no I/O)."""
+        with self._lock:
+            node = self._node_named(source, prefix)
+        return node.marker if node is not None else None
+
     def listed_info(self, source: str, key: str) -> ObjectInfo | None:
         """A file's info in its directory's cached listing, if there is one (no I/O)."""
         listing = self._listings.get((source, parent_prefix(key)))
@@ -608,9 +685,11 @@ class Namespace:
         with self._lock:
             if slot in self._listing_loads:
                 self._settled_while_loading.setdefault(slot, []).append((key, info))
-            file = info is not None and not key.endswith("/")
-            node = self._node_named(source, key) if file else None
-            if node is not None:
+            node = self._node_named(source, key) if info is not None or \
+                key.endswith("/") else None
+            if node is not None and key.endswith("/"):
+                node.marker, node.marker_read_at = info, self._clock()
+            elif node is not None:
                 node.info, node.checked_at = info, self._clock()
             listing = self._listings.get(slot)
             if listing is None:
@@ -766,13 +845,14 @@ class Namespace:
 
     # --- directories and renames, for the writable mount -------------------------------------
 
-    def mkdir(self, parent: Node, name: str) -> Node:
-        """A new directory (blocks while its marker is journaled); Refused if the name is
-        taken. Counts one kernel lookup of its node."""
+    def mkdir(self, parent: Node, name: str, attrs: Attrs) -> Node:
+        """A new directory with these attributes (blocks while its marker is journaled);
+        Refused if the name is taken. Counts one kernel lookup of its node."""
         if self.entry(parent, name) is not None:
             raise Refused(errno.EEXIST, f"{parent.key}{name} exists")
         prefix = f"{parent.key}{name}/"
-        self.writeback.mkdir(parent.source, prefix)
+        self._check_key(parent.source, prefix)
+        self.writeback.make_empty(parent.source, prefix, attrs)
         with self._lock:
             if (parent.source, parent.key) in self._listings:
                 # The store's listing of the parent showed nothing of this name, so the store
@@ -781,6 +861,26 @@ class Namespace:
                 # whose listings are slow neither hides them nor makes a readdir wait.
                 self._listings[(parent.source, prefix)] = _Listing(self._clock())
         return self.child(parent, Entry(name, None))
+
+    def make_special(self, parent: Node, name: str, attrs: Attrs) -> Node:
+        """A new FIFO, socket or device node (`attrs.file_type`), as mkdir makes a directory."""
+        if self.entry(parent, name) is not None:
+            raise Refused(errno.EEXIST, f"{parent.key}{name} exists")
+        key = parent.key + name
+        self._check_key(parent.source, key)
+        self.writeback.make_empty(parent.source, key, attrs)
+        return self.child(parent, Entry(name, self.writeback.info(
+            self.writeback.get(parent.source, key))))
+
+    def _check_key(self, source: str, key: str) -> None:
+        """Refuses a name whose key the store cannot hold, before anything is journaled."""
+        if not self.stores[source].key_fits(key):
+            raise Refused(errno.ENAMETOOLONG, f"{key!r} is too long for "
+                          f"{self.stores[source].url}")
+
+    def check_key(self, parent: Node, name: str) -> None:
+        """`_check_key` for a file about to be created as `name` in `parent`."""
+        self._check_key(parent.source, parent.key + name)
 
     def rmdir(self, parent: Node, name: str) -> None:
         """Remove an empty directory (blocks while it is listed and journaled)."""
@@ -806,6 +906,8 @@ class Namespace:
         if target is not None and not replace:
             raise Refused(errno.EEXIST, f"{new_parent.key}{new_name} exists")
         source = old_parent.source
+        self._check_key(new_parent.source, new_parent.key + new_name + ("/" if entry.is_dir
+                                                                          else ""))
         if entry.is_dir:
             old_key, new_key = f"{old_parent.key}{old_name}/", f"{new_parent.key}{new_name}/"
             if new_key.startswith(old_key):
@@ -815,6 +917,8 @@ class Namespace:
             if target is not None and self.listing(source, new_key).entries:
                 raise Refused(errno.ENOTEMPTY, f"{new_key} is not empty")
             moves, markers = self._directory_moves(source, old_key, new_key)
+            for _, moved, _ in moves:
+                self._check_key(source, moved)
         else:
             old_key, new_key = old_parent.key + old_name, new_parent.key + new_name
             if target is not None and target.is_dir:
@@ -852,8 +956,14 @@ class Namespace:
         the listing has now)."""
         source = plan.source
         listed = {old: entry.info for old, _, entry in plan.moves}
+
+        def clean_info(key: str) -> ObjectInfo | None:
+            if key.endswith("/"):
+                return self.marker_info(source, key)
+            return self.listed_info(source, key) or listed[key]
+
         self.writeback.rename(source, [(old, new) for old, new, _ in plan.moves], plan.markers,
-                              lambda key: self.listed_info(source, key) or listed[key])
+                              clean_info, plan.old_key)
         if plan.replaced is not None:
             self.detach(plan.replaced)
         node = self.node_of(plan.old_parent, plan.old_name)

@@ -11,6 +11,7 @@ import pwd
 import shutil
 import stat
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -50,12 +51,15 @@ def test_times_modes_and_owners_survive_upload_and_remount_on_an_empty_cache(
     assert Client(mnt).flush()["bytes"] == 0
 
     metadata = _head(s3_server, bucket, "kept.bin")["Metadata"]
-    assert metadata == {"mtime": "1600000000.123456000", "mode": str(stat.S_IFREG | 0o640),
-                        "uid": "1234", "gid": "4321"}
+    changed = float(metadata.pop("ctime"))
+    assert metadata == {"mtime": "1600000000.123456000", "atime": "1600000000.123456000",
+                        "mode": str(stat.S_IFREG | 0o640), "uid": "1234", "gid": "4321"}
+    assert abs(changed - time.time()) < 60  # the chown's time, not the mtime it was given
     for view in (mnt, _fresh_mount(s3_mount, mnt, "again")):
         kept = os.stat(view / "kept.bin")
         assert abs(kept.st_mtime_ns - SET_NS) < 1000
         assert (stat.S_IMODE(kept.st_mode), kept.st_uid, kept.st_gid) == (0o640, 1234, 4321)
+        assert abs(kept.st_ctime - changed) < 1e-6 and abs(kept.st_atime_ns - SET_NS) < 1000
         assert (view / "kept.bin").read_bytes() == b"checkpoint"
         # A write after the utime is the newer modification: its time wins.
         assert os.stat(view / "written-after.bin").st_mtime_ns > SET_NS
@@ -144,16 +148,65 @@ def test_a_rewritten_file_keeps_its_mode_and_a_new_one_its_creation_mode(s3_serv
     assert _head(s3_server, bucket, "secret")["Metadata"]["mode"] == str(stat.S_IFREG | 0o600)
 
 
-def test_directory_modes_and_owners_cannot_change(s3_mount):
+def test_directory_attributes_survive_upload_and_remount_on_an_empty_cache(
+        s3_server, bucket, s3_mount):
+    s3_server.client().put_object(Bucket=bucket, Key="listed/a.bin", Body=b"a")
     mnt = s3_mount("--dir-mode", "0775")
-    (mnt / "d").mkdir()
-    assert stat.S_IMODE(os.stat(mnt / "d").st_mode) == 0o775
-    os.chmod(mnt / "d", 0o775)  # what it is already: nothing to keep
+    os.mkdir(mnt / "made", 0o750)
+    (mnt / "implicit").mkdir()
+    os.chmod(mnt / "made", 0o711)
+    os.chown(mnt / "made", 1234, 4321)
+    os.utime(mnt / "made", ns=(SET_NS, SET_NS))
+    os.chmod(mnt / "listed", 0o700)  # a directory with no marker gets one
+    (mnt / "made" / "sub").mkdir()
+    assert Client(mnt).flush()["bytes"] == 0
+
+    marker = _head(s3_server, bucket, "made/")["Metadata"]
+    assert (marker["mode"], marker["uid"], marker["gid"], marker["mtime"]) == \
+        (str(stat.S_IFDIR | 0o711), "1234", "4321", "1600000000.123456000")
+    fresh = _fresh_mount(s3_mount, mnt, "again")
+    for view in (mnt, fresh):
+        made = os.stat(view / "made")
+        assert (stat.S_IMODE(made.st_mode), made.st_uid, made.st_gid) == (0o711, 1234, 4321)
+        assert stat.S_IMODE(os.stat(view / "listed").st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(view / "implicit").st_mode) == 0o755  # as it was made
+    assert abs(os.stat(fresh / "made").st_mtime_ns - SET_NS) < 1000
+    os.listdir(fresh / "made")
+    assert os.stat(fresh / "made").st_nlink == 3  # its one subdirectory, now listed
+    assert stat.S_IMODE(os.stat(mnt).st_mode) == 0o775  # the root keeps --dir-mode
     with pytest.raises(PermissionError) as refused:
-        os.chmod(mnt / "d", 0o700)
+        os.chmod(mnt, 0o700)
     assert refused.value.errno == errno.EPERM
-    with pytest.raises(PermissionError):
-        os.chown(mnt / "d", 1234, -1)
+
+
+def test_times_advance_as_posix_says(s3_mount):
+    """ctime moves with every change of data or attributes and with a rename; atime is kept
+    when set and otherwise reads as the mtime; a directory's times move with its entries."""
+    mnt = s3_mount()
+    (mnt / "d").mkdir()
+    (mnt / "d" / "f").write_bytes(b"x")
+    os.utime(mnt / "d" / "f", ns=(SET_NS, SET_NS))
+    before = os.stat(mnt / "d" / "f")
+    assert before.st_atime_ns == before.st_mtime_ns == SET_NS
+    assert before.st_ctime_ns > SET_NS
+    current = mnt / "d" / "f"
+    for name, change in (("f", lambda path: os.chmod(path, 0o600)),
+                         ("f", lambda path: os.chown(path, 1234, -1)),
+                         ("g", lambda path: os.rename(path, mnt / "d" / "g")),
+                         ("f", lambda path: os.rename(path, mnt / "d" / "f"))):
+        ctime = os.stat(current).st_ctime_ns
+        time.sleep(0.01)
+        change(current)
+        current = mnt / "d" / name
+        after = os.stat(current)
+        assert after.st_ctime_ns > ctime and after.st_mtime_ns == SET_NS
+    directory = os.stat(mnt / "d")
+    time.sleep(0.01)
+    (mnt / "d" / "new").write_bytes(b"y")
+    assert os.stat(mnt / "d").st_mtime_ns > directory.st_mtime_ns
+    assert Client(mnt).flush()["bytes"] == 0
+    fresh = _fresh_mount(s3_mount, mnt, "again")
+    assert os.stat(fresh / "d" / "f").st_ctime_ns == os.stat(mnt / "d" / "f").st_ctime_ns
 
 
 def test_local_bucket_keeps_attributes_in_the_files_themselves(local_bucket, mount, tmp_path):
@@ -243,6 +296,26 @@ def test_another_user_writes_where_uid_and_gid_make_it_owner_and_is_refused_else
     Client(mnt).flush()
     again = _fresh_mount(s3_mount, mnt, "again")
     assert stat.S_IMODE(os.stat(again / "ckpt.txt").st_mode) == 0o400
+
+
+def test_a_new_files_group_is_its_creators_or_a_set_group_id_parents(s3_server, bucket,
+                                                                       s3_mount, public_dir):
+    mnt = s3_mount("--allow-other", mountpoint=public_dir / "mnt")
+    for name, mode, group in (("open", 0o777, None), ("sgid", 0o2777, 4321)):
+        (mnt / name).mkdir()
+        if group is not None:
+            os.chown(mnt / name, -1, group)
+        os.chmod(mnt / name, mode)
+    assert _as_nobody(lambda: str(os.mkdir(mnt / "open" / "mine"))) == "None"
+    assert _as_nobody(lambda: str(os.mkdir(mnt / "sgid" / "inherits"))) == "None"
+    assert os.stat(mnt / "open" / "mine").st_gid == NOBODY  # its creator's
+    inherits = os.stat(mnt / "sgid" / "inherits")
+    assert inherits.st_gid == 4321 and inherits.st_mode & stat.S_ISGID
+    Client(mnt).flush()
+    again = _fresh_mount(s3_mount, mnt, "again")
+    assert (os.stat(again / "open" / "mine").st_uid,
+            os.stat(again / "open" / "mine").st_gid) == (NOBODY, NOBODY)
+    assert os.stat(again / "sgid" / "inherits").st_gid == 4321
 
 
 def test_without_uid_another_user_cannot_create_in_the_mounting_users_directories(

@@ -18,6 +18,7 @@ from local_writeback import LocalWriteSide, store_files
 from avafs.namespace import LIST_AHEAD, Namespace, Refused
 from avafs.stores.base import Listing
 from avafs.stores.local import LocalStore
+from avafs.stores.metadata import Attrs
 from avafs.writeback.pending import COPY, DATA, DELETED
 
 
@@ -139,11 +140,11 @@ def test_renames_posix_refuses_are_refused_with_its_errno(side, old, new, replac
 def test_mkdir_and_rmdir(side):
     (side.bucket / "full").mkdir()
     (side.bucket / "full" / "f").write_bytes(b"f")
-    made = side.namespace.mkdir(side.root, "new")
+    made = side.namespace.mkdir(side.root, "new", Attrs())
     assert made.is_dir and made.key == "new/"
     assert side.names() == ["full", "new"]
     with pytest.raises(Refused) as exists:
-        side.namespace.mkdir(side.root, "new")
+        side.namespace.mkdir(side.root, "new", Attrs())
     assert exists.value.errno == errno.EEXIST
     with pytest.raises(Refused) as not_empty:
         side.namespace.rmdir(side.root, "full")

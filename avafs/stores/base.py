@@ -110,13 +110,19 @@ class ObjectStore(ABC):
         """Whether files may get any owner and group (`Attrs.uid`, `Attrs.gid`)."""
         return True
 
+    def key_fits(self, key: str) -> bool:
+        """Whether the store can hold an object of this key at all: a key it cannot is
+        refused when the file is named (ENAMETOOLONG), not retried as an upload."""
+        return True
+
     @abstractmethod
     def check(self) -> None:
         """Raise AvafsError with a user-facing message if the store cannot be used."""
 
     @abstractmethod
     def list_dir(self, prefix: str) -> Listing:
-        """Every entry directly under `prefix` ('' or ending in '/'), all pages."""
+        """Every entry directly under `prefix` ('' or ending in '/'), all pages, and the
+        directory's own marker object (key `prefix`) where it has one."""
 
     @abstractmethod
     def head(self, key: str) -> ObjectInfo | None:

@@ -50,6 +50,9 @@ class InstrumentedStore(ObjectStore, MultipartUploads):
     def keeps_owners(self) -> bool:
         return self.inner.keeps_owners()
 
+    def key_fits(self, key: str) -> bool:
+        return self.inner.key_fits(key)
+
     def check(self) -> None:
         self.inner.check()
 

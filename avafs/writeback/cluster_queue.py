@@ -103,7 +103,8 @@ class Record:
     key: str
     size: int
     mtime: float
-    attrs: tuple[int | None, int | None, int | None] | None
+    attrs: tuple[int | float | None, ...] | None
+    """`Attrs.fields()`."""
     kind: str = DATA
     """What the origin must get: the staged object (`data`; none for size 0), a deletion
     (`deleted`) or a copy of `copy_from`'s version `copy_etag` (`copy`)."""
@@ -202,7 +203,7 @@ class ClusterQueue:
         or a fresh one."""
         token = (staged_object or self.new_staging_object()).rsplit("/", 1)[-1]
         return Record(f"{time.time_ns():020d}-{token}", source_url, key, size, mtime,
-                      None if attrs is None else (attrs.mode, attrs.uid, attrs.gid), kind,
+                      None if attrs is None else tuple(attrs.fields()), kind,
                       copy_from, copy_etag)
 
     def stage(self, record: Record, path: Path | None = None) -> None:

@@ -35,6 +35,7 @@ import time
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -391,6 +392,8 @@ class WriteBack:
             entry.durable = entry.staged_data_current = False
             entry.set_aside = None  # new content: the store gets a new chance
             entry.mtime, entry.mtime_set = time.time(), False
+            if entry.attrs is not None and entry.attrs.ctime is not None:
+                entry.attrs = replace(entry.attrs, ctime=None)  # the new mtime is the ctime
             self._touch(entry)
             if start > entry.size and entry.allocated is None:
                 entry.allocated = allocated(entry.size)  # a hole: `measure` counts the file
@@ -423,6 +426,8 @@ class WriteBack:
             entry.durable = entry.staged_data_current = False
             entry.set_aside = None
             entry.mtime, entry.mtime_set = time.time(), False
+            if entry.attrs is not None and entry.attrs.ctime is not None:
+                entry.attrs = replace(entry.attrs, ctime=None)  # the new mtime is the ctime
             self._touch(entry)
             if size > entry.size and entry.allocated is None:
                 entry.allocated = allocated(entry.size)  # a hole: `measure` counts the file
@@ -490,18 +495,20 @@ class WriteBack:
             elif not entry.writers:
                 self._wake_uploader()
 
-    def set_attributes(self, source: str, key: str, clean: ObjectInfo, mtime: float,
+    def set_attributes(self, source: str, key: str, clean: ObjectInfo | None, mtime: float,
                        attrs: Attrs) -> None:
         """Give `key` a new mtime, mode or owner, durably. A pending change takes them along
         (its upload starts over if one was under way, so the store never keeps the old ones);
         a file the store has (`clean`, attributes read) is copied onto itself with them,
-        sending no data."""
+        sending no data; a directory (`clean` None) gets its marker written anew with them."""
         with self.lock:
             current = self._pending.get((source, key))
             if current is not None and current.kind == DELETED:
                 raise FileNotFoundError(errno.ENOENT, f"{key} was deleted")
             if current is None:
-                changes = [self._next(source, key, COPY, size=clean.size, mtime=mtime,
+                changes = [self._next(source, key, DATA, mtime=mtime, attrs=attrs)
+                           if clean is None else
+                           self._next(source, key, COPY, size=clean.size, mtime=mtime,
                                       attrs=attrs, copy_from=key, copy_etag=clean.etag)]
                 self._replace(changes)
             else:
@@ -709,9 +716,11 @@ class WriteBack:
             self._replace(changes)
         self._stage_change(changes)
 
-    def mkdir(self, source: str, prefix: str) -> None:
+    def make_empty(self, source: str, key: str, attrs: Attrs | None = None) -> None:
+        """A directory marker (`key` ends in '/') or a special file (`attrs.file_type`): an
+        object whose metadata is all it holds, journaled before this returns."""
         with self.lock:
-            changes = [self._next(source, prefix, DATA)]
+            changes = [self._next(source, key, DATA, attrs=attrs)]
             self._replace(changes)
         self._stage_change(changes)
 
@@ -726,11 +735,13 @@ class WriteBack:
         self._stage_change(changes)
 
     def rename(self, source: str, moves: list[tuple[str, str]], markers: list[tuple[str, str]],
-               clean_info: Callable[[str], ObjectInfo | None]) -> None:
+               clean_info: Callable[[str], ObjectInfo | None], renamed: str) -> None:
         """Move keys (old, new) and directory markers (old prefix, new prefix) in one journal
         batch, so a crash leaves the whole rename or none of it. A key with no pending state
         is clean: `clean_info` gives its store info, asked under the lock, as an upload may
-        have settled since the caller listed it.
+        have settled since the caller listed it (for a marker: what is known of it, or None).
+        The entry renamed itself (`renamed`, its old key or prefix) gets a new ctime where its
+        attributes are known; what moves with a directory keeps its own.
 
         Written data moves as the same state under its new key, so the handles open on it
         (which hold that state) go on writing what the new key shows and uploads; a new
@@ -738,12 +749,15 @@ class WriteBack:
         with self.lock:
             changes: list[Pending] = []
             removed: list[Pending] = []
-            rekeyed: list[tuple[Pending, str, int]] = []
+            rekeyed: list[tuple[Pending, str, int, Attrs | None]] = []
+            changed_at = time.time()
             for old, new in moves:
                 current = self._pending.get((source, old))
                 if current is not None and current.kind == DATA:
-                    rekeyed.append((current, current.key, current.seq))
+                    rekeyed.append((current, current.key, current.seq, current.attrs))
                     current.key, current.seq = new, next(self._seq)
+                    if old == renamed:
+                        current.attrs = replace(current.attrs or Attrs(), ctime=changed_at)
                     current.generation += 1
                     # Indexing it under `new` first keeps its file: the deletion that takes
                     # its old key's place releases only the old key's hold.
@@ -763,20 +777,29 @@ class WriteBack:
                                 self._next(source, old, DELETED, wait_for=(
                                     (new,) if current.copy_from == old else ()))]
                 elif current is None and (clean := clean_info(old)) is not None:
+                    attrs = clean.attrs
+                    if attrs is not None and old == renamed:
+                        attrs = replace(attrs, ctime=changed_at)
                     changes += [self._next(source, new, COPY, size=clean.size, mtime=clean.mtime,
-                                           copy_from=old, copy_etag=clean.etag,
-                                           attrs=clean.attrs),
+                                           copy_from=old, copy_etag=clean.etag, attrs=attrs),
                                 self._next(source, old, DELETED, wait_for=(new,))]
             for old, new in sorted(markers, key=lambda marker: -marker[0].count("/")):
                 below = tuple(entry.key for entry in changes
                               if entry.key.startswith(old) and entry.key != old)
-                changes += [self._next(source, new, DATA),
+                current = self._pending.get((source, old))
+                marker = self.info(current) if current is not None and current.kind == DATA \
+                    else clean_info(old)
+                attrs = None if marker is None else marker.attrs
+                if attrs is not None and old == renamed:
+                    attrs = replace(attrs, ctime=changed_at)
+                changes += [self._next(source, new, DATA, mtime=marker.mtime if marker else
+                                       changed_at, attrs=attrs),
                             self._next(source, old, DELETED, wait_for=below)]
             try:
                 self._replace(changes, removed)
             except BaseException:  # not journaled: the moved states keep their old keys
-                for entry, key, seq in rekeyed:
-                    entry.key, entry.seq = key, seq
+                for entry, key, seq, attrs in rekeyed:
+                    entry.key, entry.seq, entry.attrs = key, seq, attrs
                 raise
         self._stage_change(changes)
 

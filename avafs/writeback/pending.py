@@ -117,8 +117,7 @@ class Pending:
             "size": self.size, "mtime": self.mtime, "file": self.file,
             "copy_from": self.copy_from, "copy_etag": self.copy_etag,
             "wait_for": list(self.wait_for), "staged": self.staged,
-            "attrs": None if self.attrs is None else [self.attrs.mode, self.attrs.uid,
-                                                      self.attrs.gid],
+            "attrs": None if self.attrs is None else self.attrs.fields(),
         }).encode()
 
     @classmethod

@@ -125,8 +125,9 @@ class Uploader:
             raise StoreError(f"{entry.key!r} changed while it went up in parts; it goes up "
                              "again")
         path = self.writeback.data_path(entry)
-        if path is None:
-            return store.put(entry.key, io.BytesIO(b""), 0)
+        if path is None:  # a directory marker or a special file: its metadata is all it holds
+            return store.put(entry.key, io.BytesIO(b""), 0,
+                             None if entry.attrs is None else entry.mtime, entry.attrs)
         with open(path, "rb") as file:
             return store.put(entry.key, GuardedReader(file, entry, generation), entry.size,
                              entry.mtime, attrs)

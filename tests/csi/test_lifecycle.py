@@ -269,6 +269,8 @@ def _with_group(capability: csi_pb2.VolumeCapability, group: str) -> csi_pb2.Vol
 
 def test_fs_group_of_the_pod_owns_the_volume_and_a_conflicting_one_is_refused(kubelet,
                                                                              file_volume):
+    # The bucket's root: a subdirectory of a file:// bucket shows its local owner and mode.
+    file_volume = {**file_volume, "subPath": ""}
     capabilities = kubelet.node.NodeGetCapabilities(csi_pb2.NodeGetCapabilitiesRequest())
     assert csi_pb2.NodeServiceCapability.RPC.VOLUME_MOUNT_GROUP in \
         [capability.rpc.type for capability in capabilities.capabilities]

@@ -55,6 +55,8 @@ _ATTEMPTS = 4
 """Attempts per request, the first included (botocore's `total_max_attempts`; its
 `max_attempts` counts retries only): each is bounded by StoreLimits, and the callers retry on
 their own terms (the uploader forever, a lookup at its next call)."""
+_MAX_KEY_BYTES = 1024
+"""S3's limit on a key, in UTF-8 bytes."""
 _READ_TRIES = 6
 """Tries of one data read: a body that broke off is asked for again, within _READ_BUDGET."""
 _READ_BUDGET = 2
@@ -439,6 +441,9 @@ class S3Store(ObjectStore, MultipartUploads):
                     raise
 
     # --- part-by-part uploads --------------------------------------------------------------
+
+    def key_fits(self, key: str) -> bool:
+        return len((self.prefix + key).encode()) <= _MAX_KEY_BYTES
 
     def multipart(self) -> MultipartUploads:
         return self
