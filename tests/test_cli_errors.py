@@ -293,6 +293,28 @@ def test_an_unreachable_cluster_tier_is_a_warning_at_mount(local_bucket, mnt, tm
     assert "reads go to the source until it does" in line and "cluster-secret" not in line
 
 
+def test_cluster_tier_messages_name_its_own_endpoint_flag(local_bucket, mount, monkeypatch):
+    monkeypatch.setenv("AVAFS_CLUSTER_ACCESS_KEY_ID", "cluster-key")
+    monkeypatch.setenv("AVAFS_CLUSTER_SECRET_ACCESS_KEY", "cluster-secret")
+    (local_bucket / "a.bin").write_bytes(b"a" * 1000)
+    mnt = mount(local_bucket.as_uri(), "--cluster-cache", "s3://cache/nodes",
+                "--cluster-endpoint-url", f"http://127.0.0.1:{free_port()}")
+    result = run_avafs("warmup", "--tier", "cluster", str(mnt))
+    assert result.returncode == 1
+    assert "--cluster-endpoint-url" in result.stderr and "--endpoint-url" not in \
+        result.stderr.replace("--cluster-endpoint-url", "")
+
+
+def test_recover_names_why_etcd_does_not_answer(monkeypatch):
+    monkeypatch.setenv("AVAFS_CLUSTER_ACCESS_KEY_ID", "cluster-key")
+    monkeypatch.setenv("AVAFS_CLUSTER_SECRET_ACCESS_KEY", "cluster-secret")
+    etcd = f"http://127.0.0.1:{free_port()}"
+    line = one_line_error(run_avafs("recover", "--node", "lost", "--cluster-cache",
+                                    "s3://cache/nodes", "--etcd", etcd))
+    assert line == (f"avafs: error: etcd does not answer ({etcd}: ConnectionFailedError): "
+                    "check --etcd")
+
+
 def test_a_disk_cache_larger_than_the_disk_is_a_warning(local_bucket, mnt, tmp_path):
     [line] = warnings_of_a_mount(local_bucket.as_uri(), "--disk-cache", "10Pi", "--cache-dir",
                                  str(tmp_path / "c"), mountpoint=mnt)

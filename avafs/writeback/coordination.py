@@ -50,7 +50,9 @@ class Etcd:
             try:
                 result = request(self._clients[index])
             except Exception as error:  # noqa: BLE001 - any member's failure: try the next
-                errors.append(f"{self.urls[index]}: {error}")
+                # etcd3gw raises some failures without a message (a refused connection
+                # is a bare ConnectionFailedError): the class names them then.
+                errors.append(f"{self.urls[index]}: {str(error) or type(error).__name__}")
                 continue
             with self._lock:
                 self._first = index

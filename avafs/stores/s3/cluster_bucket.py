@@ -69,6 +69,7 @@ def cluster_session(profile: str | None, checksums: bool = True) -> boto3.sessio
 class ClusterBucket(S3Store):
     timeout_option = "--cluster-timeout"
     min_rate_option = f"{CLUSTER_MIN_RATE >> 20} MiB/s"
+    endpoint_option = location_options = "--cluster-endpoint-url"
 
     def __init__(self, bucket: str, prefix: str, endpoint_url: str | None,
                  profile: str | None, limits: StoreLimits, checksums: bool = True,

@@ -115,6 +115,9 @@ class S3Store(ObjectStore, MultipartUploads):
     timeout_option = "--store-timeout"
     min_rate_option = "--store-min-rate"
     """What sets this store's request limits, as messages about a late answer name them."""
+    endpoint_option = "--endpoint-url"
+    location_options = "--endpoint-url/--region"
+    """What says where this store is, as messages about an unreachable one name them."""
 
     def __init__(self, bucket: str, prefix: str, endpoint_url: str | None,
                  region: str | None, max_connections: int = 64,
@@ -181,8 +184,8 @@ class S3Store(ObjectStore, MultipartUploads):
             # A server that resets a connection it accepted gives either a failed connection
             # or one closed before any answer, by a race with the request's send: one cause,
             # so one message.
-            return (f"cannot reach S3 endpoint {self.endpoint}: check --endpoint-url and that "
-                    "the server is up")
+            return (f"cannot reach S3 endpoint {self.endpoint}: check {self.endpoint_option} "
+                    "and that the server is up")
         if isinstance(error, botocore.exceptions.ClientError):
             code = _code(error)
             if code in _DENIED:
@@ -190,7 +193,7 @@ class S3Store(ObjectStore, MultipartUploads):
                         "check the credentials and the bucket policy")
             if code == "NoSuchBucket" or (not action and code in _MISSING_BUCKET):
                 return (f"bucket {self.bucket!r} not found at {self.endpoint}: check the name "
-                        "and --endpoint-url/--region")
+                        f"and {self.location_options}")
             if code in ("301", "PermanentRedirect", "AuthorizationHeaderMalformed"):
                 return f"bucket {self.bucket!r} is in another region: pass --region"
             answer = error.response.get("Error", {}).get("Message") or ""
