@@ -8,7 +8,8 @@ small writes until flushed; with the daemon's CPU seconds for each. Run as root:
 
     python3 -m bench.experiments.s3_transports WORKDIR ROUNDS NAME=DIR [NAME=DIR ...]
 
-docs/bench-s3-transports.md says how the variants of the last run were made.
+docs/optimization-history.md ("S3 transports: which pay") says how the variants of the last
+run were made.
 """
 
 from __future__ import annotations
