@@ -1,7 +1,7 @@
 """Samples per second through a PyTorch DataLoader: warm avafs mount vs the same files on disk.
 
-    python bench/adapters_bench.py [--files 4000] [--size 16384] [--runs 5] [--workers 2]
-                                   [--warm-epochs 8]
+    python3 -m bench.adapters_bench [--files 4000] [--size 16384] [--runs 5] [--workers 2]
+                                    [--warm-epochs 8]
 
 Writes `--files` one-file samples to a local directory, mounts that directory with avafs as a
 file:// bucket, runs `--warm-epochs` untimed epochs to warm the caches, then times full
@@ -33,10 +33,9 @@ from pathlib import Path
 
 from torch.utils.data import DataLoader
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from adapters.torch import AvaIterableDataset, AvaMapDataset
 
-from adapters.torch import AvaIterableDataset, AvaMapDataset  # noqa: E402 - needs the path above
+REPO = Path(__file__).resolve().parents[1]
 
 Epoch = Callable[[], float]
 """Runs one epoch, returns its samples per second."""

@@ -9,9 +9,9 @@ It prints a table of medians, ratios to local disk and to the best peer, and the
 each target, the CPU seconds of each serving process, and writes the same as JSON.
 BENCHMARKS.md explains the method and the results.
 
-    python3 bench/benchmark.py                      # the full run (about 15-20 minutes)
-    python3 bench/benchmark.py --smoke --json out.json   # CI: tiny, seconds, no verdicts
-    python3 bench/benchmark.py --workloads checkpoint,imagenet,adapters,tf   # training only
+    python3 -m bench.benchmark                      # the full run (about 15-20 minutes)
+    python3 -m bench.benchmark --smoke --json out.json   # CI: tiny, seconds, no verdicts
+    python3 -m bench.benchmark --workloads checkpoint,imagenet,adapters,tf   # training only
 
 `--workloads` picks what runs: `core` (the reads, writes, warmup and find/stat above) and the
 training workloads of `training.py` (checkpoint save, the ImageNet-shaped tree, the adapters
@@ -36,12 +36,11 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
-
-import s3server  # noqa: E402
-from common import SET_ASIDE, MiB, make_dataset, used_workdir, write_local  # noqa: E402
-from mounts import (  # noqa: E402
+import avafs
+from avafs.config.sizes import parse_size
+from bench.harness import s3server
+from bench.harness.common import SET_ASIDE, MiB, make_dataset, used_workdir, write_local
+from bench.harness.mounts import (
     AvafsMount,
     JuicefsMount,
     Mount,
@@ -50,8 +49,8 @@ from mounts import (  # noqa: E402
     peer_binary,
     unmount_everything,
 )
-from profiling import Profiler  # noqa: E402
-from report import (  # noqa: E402
+from bench.harness.profiling import Profiler
+from bench.harness.report import (
     AVAFS,
     PEERS,
     Results,
@@ -60,18 +59,15 @@ from report import (  # noqa: E402
     summarize,
     write_json,
 )
-from runner import FuseRound, Setup, run_direct, run_local  # noqa: E402
-from training import (  # noqa: E402
+from bench.harness.runner import FuseRound, Setup, run_direct, run_local
+from bench.harness.training import (
     WORKLOAD_NAMES,
     TrainingPlan,
     TrainingRound,
     run_training_direct,
     run_training_local,
 )
-from workloads import TREE_ENTRIES, WritePlan, tree_names, write_tree  # noqa: E402
-
-import avafs  # noqa: E402
-from avafs.config.sizes import parse_size  # noqa: E402
+from bench.harness.workloads import TREE_ENTRIES, WritePlan, tree_names, write_tree
 
 FULL = {"rounds": 2, "large": 4, "large_size": 64 * MiB, "small": 1000,
         "small_size": 100 * 1024, "tree": TREE_ENTRIES, "write_size": 2**30, "small_writes": 10_000,
@@ -318,7 +314,7 @@ def document(args: argparse.Namespace, results: Results, versions: dict[str, str
              elapsed: float, profiler: Profiler, source: dict[str, object]) -> dict[str, object]:
     return {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": shlex.join(["python3", "bench/benchmark.py", *sys.argv[1:]]),
+        "command": shlex.join(["python3", "-m", "bench.benchmark", *sys.argv[1:]]),
         "smoke": args.smoke,
         "elapsed_seconds": round(elapsed, 1),
         "machine": machine(),

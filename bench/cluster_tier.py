@@ -1,7 +1,7 @@
 """Nodes cold-reading one dataset from a distant origin, with and without the cluster tier
 (`--cluster-cache` on a loopback SeaweedFS cluster).
 
-    python3 bench/cluster_tier.py [--nodes 1 2 4] [--large 12] [--files 64] [--threads 2]
+    python3 -m bench.cluster_tier [--nodes 1 2 4] [--large 12] [--files 64] [--threads 2]
                                   [--rate 50] [--latency 0.02] [--runs 1] [--tier-only]
                                   [--profile DIR]
 
@@ -22,14 +22,13 @@ the store's processes' for the late node, the readers'): where the store runs on
 own cores, their sum over the cores bounds the late node's time. Each run's
 cluster tier uses a prefix of its own, so it starts empty. `--tier-only` skips the local-only
 runs; `--profile DIR` samples the late node's and the warm node's daemons with py-spy
-(bench/profiling.py), which slows them: a profiled run's timings are not results.
+(bench/harness/profiling.py), which slows them: a profiled run's timings are not results.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import threading
 import time
@@ -38,19 +37,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests"))  # proxy, SeaweedFS
+from botocore.config import Config
 
-from botocore.config import Config  # noqa: E402
-from common import MiB, make_dataset, median, read_all  # noqa: E402
-from fault_proxy import FaultProxy  # noqa: E402
-from mounts import AvafsMount, cpu_seconds, unmount_everything  # noqa: E402
-from profiling import Profiler  # noqa: E402
-from s3server import BUCKET, CREDENTIALS, MotoServer  # noqa: E402
-from seaweed import SeaweedCluster  # noqa: E402
-
-from avafs.client import Client  # noqa: E402
+from avafs.client import Client
+from bench.harness.common import MiB, make_dataset, median, read_all
+from bench.harness.mounts import AvafsMount, cpu_seconds, unmount_everything
+from bench.harness.profiling import Profiler
+from bench.harness.s3server import BUCKET, CREDENTIALS, MotoServer
+from bench.servers.fault_proxy import FaultProxy
+from bench.servers.seaweed import SeaweedCluster
 
 CACHE = "avafs-cache"
 RAM_CACHE = 64 * MiB

@@ -3,7 +3,7 @@
 behind a throttled link; the time until the origin has them; and the cluster store's own
 direct upload throughput, measured in the same run.
 
-    python3 bench/cluster_writes.py [--size 2048] [--files 10000] [--small-size 4096]
+    python3 -m bench.cluster_writes [--size 2048] [--files 10000] [--small-size 4096]
                                     [--rounds 3] [--rate 50] [--latency 0.02]
 
 The origin is moto's S3 server behind the tests' fault proxy in "link" mode (all connections
@@ -42,26 +42,21 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests"))  # proxy, SeaweedFS, etcd
-
-from cluster_tier import Origin  # noqa: E402
-from common import MiB, median  # noqa: E402
-from etcd_server import EtcdServer  # noqa: E402
-from fault_proxy import FaultProxy  # noqa: E402
-from mounts import AvafsMount, unmount_everything  # noqa: E402
-from s3server import (
+from avafs.client import Client
+from bench.cluster_tier import Origin
+from bench.harness.common import MiB, median
+from bench.harness.mounts import AvafsMount, unmount_everything
+from bench.harness.s3server import (
     BUCKET,
     CREDENTIALS,
     MotoServer,
     delete_keys,
     listed_sizes,
-    upload_large,  # noqa: E402
+    upload_large,
 )
-from seaweed import SeaweedCluster  # noqa: E402
-
-from avafs.client import Client  # noqa: E402
+from bench.servers.etcd_server import EtcdServer
+from bench.servers.fault_proxy import FaultProxy
+from bench.servers.seaweed import SeaweedCluster
 
 STAGING = "avafs-staging"
 RAM_CACHE = 256 * MiB

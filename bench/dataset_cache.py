@@ -1,6 +1,6 @@
 """Datasets larger than the cache: shuffled epochs through a DataLoader, per epoch.
 
-    python3 bench/dataset_cache.py [--disk-cache 64MiB] [--multiples 2 4]
+    python3 -m bench.dataset_cache [--disk-cache 64MiB] [--multiples 2 4]
                                    [--sizes 1MiB 110KiB] [--epochs 4] [--runs 1]
                                    [--systems avafs-lru avafs-dataset avafs-aware rclone juicefs]
                                    [--link MB/s] [--latency 0.02] [--settle 60]
@@ -44,18 +44,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests"))  # the counting proxy
+from torch.utils.data import DataLoader
 
-from common import PeakWatch, median  # noqa: E402
-from fault_proxy import FaultProxy  # noqa: E402
-from mounts import AvafsMount, JuicefsMount, Mount, RcloneMount, unmount_everything  # noqa: E402
-from s3server import BUCKET, CREDENTIALS, MotoServer  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
-
-from adapters.torch import AvaMapDataset, AvaShuffleSampler  # noqa: E402
-from avafs.config.sizes import parse_size  # noqa: E402
+from adapters.torch import AvaMapDataset, AvaShuffleSampler
+from avafs.config.sizes import parse_size
+from bench.harness.common import PeakWatch, median
+from bench.harness.mounts import AvafsMount, JuicefsMount, Mount, RcloneMount, unmount_everything
+from bench.harness.s3server import BUCKET, CREDENTIALS, MotoServer
+from bench.servers.fault_proxy import FaultProxy
 
 MiB = 2**20
 SYSTEMS = ("avafs-lru", "avafs-dataset", "avafs-aware", "rclone", "juicefs")

@@ -1,9 +1,9 @@
 """gpu_sched's policies in the arrival experiment on the Alibaba 2023 GPU trace, next to the paper.
 
-    python bench/gpu_arrival.py --trace DIR [--seeds 10] [--jobs 2] [--workloads default,...]
+    python3 -m bench.gpu_arrival --trace DIR [--seeds 10] [--jobs 2] [--workloads default,...]
         [--first-seed 42] [--policies fgd,binpack,spread,random] [--paper-csv FILE]
         [--out results.jsonl]
-    python bench/gpu_arrival.py --table results.jsonl [more.jsonl ...] [--paper-csv ...]
+    python3 -m bench.gpu_arrival --table results.jsonl [more.jsonl ...] [--paper-csv ...]
 
 DIR holds the trace's CSV files (`openb_node_list_gpu_node.csv`, `openb_pod_list_*.csv`); the
 trace is not part of this repository. Every workload runs once per policy and seed (seeds 42,

@@ -1,18 +1,18 @@
 """Probes behind the optimization proposals in BENCHMARKS.md, each a few seconds long.
 
-    python3 bench/probes.py ranges      # GET throughput by range size on this server
-    python3 bench/probes.py read-size   # reads through avafs with 128 KiB vs 1 MiB FUSE reads
-    python3 bench/probes.py requests    # FUSE requests per small file, cold and warm (strace)
-    python3 bench/probes.py reads       # avafs alone: cold, warm and remount reads, in a minute
-    python3 bench/probes.py pyfuse3-ceiling   # small files/s of a pyfuse3 fs that does nothing
-    python3 bench/probes.py writes      # 1 GiB written until durable: avafs vs direct upload
-    python3 bench/probes.py write-profile   # the daemon's CPU by library while 1 GiB is written
-    python3 bench/probes.py small-writes    # 2000 small files until durable: CPU, thread switches
-    python3 bench/probes.py walk        # find/stat of 20,000 entries: avafs vs local disk
-    python3 bench/probes.py first-walk  # a fresh mount's walk of 1,000 directories (listings)
-    python3 bench/probes.py batch-reads # batched whole-file reads after a remount
-    python3 bench/probes.py page-cache  # a cached file read through avafs vs local: folio sizes
-    python3 bench/probes.py per-connection  # cold large from a store bounding each connection
+    python3 -m bench.probes ranges      # GET throughput by range size on this server
+    python3 -m bench.probes read-size   # reads through avafs with 128 KiB vs 1 MiB FUSE reads
+    python3 -m bench.probes requests    # FUSE requests per small file, cold and warm (strace)
+    python3 -m bench.probes reads       # avafs alone: cold, warm and remount reads, in a minute
+    python3 -m bench.probes pyfuse3-ceiling   # small files/s of a pyfuse3 fs that does nothing
+    python3 -m bench.probes writes      # 1 GiB written until durable: avafs vs direct upload
+    python3 -m bench.probes write-profile   # the daemon's CPU by library while 1 GiB is written
+    python3 -m bench.probes small-writes    # 2000 small files until durable: CPU, thread switches
+    python3 -m bench.probes walk        # find/stat of 20,000 entries: avafs vs local disk
+    python3 -m bench.probes first-walk  # a fresh mount's walk of 1,000 directories (listings)
+    python3 -m bench.probes batch-reads # batched whole-file reads after a remount
+    python3 -m bench.probes page-cache  # a cached file read through avafs vs local: folio sizes
+    python3 -m bench.probes per-connection  # cold large from a store bounding each connection
 
 They measure what a change to avafs would buy before it is made: `ranges` shows what a
 larger fetch unit gives a sequential reader, `read-size` raises the mount's read-ahead
@@ -67,11 +67,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from urllib.parse import urlparse
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
-
-import s3server  # noqa: E402
-from common import (  # noqa: E402
+from bench.harness import s3server
+from bench.harness.common import (
     MiB,
     PeakWatch,
     drop_page_cache,
@@ -82,9 +79,8 @@ from common import (  # noqa: E402
     timed,
     write_local,
 )
-from fault_proxy import FaultProxy  # noqa: E402  (tests/, on the path through s3server)
-from mounts import AvafsMount, cpu_seconds, unmount_everything  # noqa: E402
-from workloads import (  # noqa: E402
+from bench.harness.mounts import AvafsMount, cpu_seconds, unmount_everything
+from bench.harness.workloads import (
     TREE_ENTRIES,
     WritePlan,
     drop_cached_pages,
@@ -92,7 +88,9 @@ from workloads import (  # noqa: E402
     tree_names,
     write_tree,
 )
+from bench.servers.fault_proxy import FaultProxy
 
+REPO = Path(__file__).resolve().parent.parent
 ROUNDS = 3
 READ_PHASES = ("cold-large", "cold-small", "warm-large", "warm-small", "remount-large",
                "remount-small")
@@ -428,7 +426,7 @@ def probe_first_walk(server: s3server.Store, workdir: Path) -> None:
 def _trees_in_turn(number: int) -> Iterator[str]:
     """The avafs trees round `number` mounts, by name: this one, and `--base`'s before it,
     in reverse order every other round. Each is put on the daemons' PYTHONPATH in its turn."""
-    trees = {"this": str(Path(__file__).resolve().parent.parent)}
+    trees = {"this": str(REPO)}
     if _ARGS.base:
         trees = {"base": str(Path(_ARGS.base).resolve()), **trees}
     for tree in (list(trees) if number % 2 == 0 else list(reversed(trees))):
@@ -453,8 +451,8 @@ def probe_pyfuse3_ceiling(server: s3server.Store, workdir: Path) -> None:
     mountpoint = workdir / "trivial"
     mountpoint.mkdir()
     files = 2000
-    process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("trivial_fs.py")),
-                                str(mountpoint), str(files)])
+    process = subprocess.Popen([sys.executable, "-m", "bench.experiments.trivial_fs",
+                                str(mountpoint), str(files)], cwd=REPO)
     try:
         deadline = time.monotonic() + 30
         while not os.path.ismount(mountpoint):

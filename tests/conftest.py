@@ -15,11 +15,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from etcd_server import EtcdServer
-from fault_proxy import FaultProxy
 from local_writeback import LocalWriteSide
-from seaweed import SeaweedCluster
 from support import AVAFS, TEST_CREDENTIALS, S3Server, unmount
+
+from bench.servers.etcd_server import EtcdServer
+from bench.servers.fault_proxy import FaultProxy
+from bench.servers.seaweed import SeaweedCluster
 
 
 @pytest.fixture(scope="session")

@@ -68,8 +68,8 @@ def test_smoke_run_reports_every_workload(tmp_path, store, peers, readers, versi
     report, workdir = tmp_path / "bench.json", tmp_path / "work"
     selected = "core,checkpoint,imagenet" + (",adapters,tf" if readers else "")
     result = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "benchmark.py"), "--smoke", "--json",
-         str(report), "--workdir", str(workdir), "--store", store, "--peers", ",".join(peers),
+        [sys.executable, "-m", "bench.benchmark", "--smoke", "--json", str(report),
+         "--workdir", str(workdir), "--store", store, "--peers", ",".join(peers),
          "--workloads", selected],
         capture_output=True, text=True, timeout=600, cwd=REPO)
     assert result.returncode == 0, result.stderr[-4000:]
@@ -114,7 +114,7 @@ def test_smoke_run_reports_every_workload(tmp_path, store, peers, readers, versi
 
 def test_unknown_workload_is_refused():
     result = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "benchmark.py"), "--workloads", "core,bogus"],
+        [sys.executable, "-m", "bench.benchmark", "--workloads", "core,bogus"],
         capture_output=True, text=True, timeout=120, cwd=REPO)
     assert result.returncode == 2
     assert "--workloads: unknown bogus; use some of core,checkpoint,imagenet,adapters,tf" \
@@ -125,7 +125,7 @@ def test_used_workdir_is_refused(tmp_path):
     """A run's workdir keeps its store's data; a second run there would fail half-way."""
     (tmp_path / "seaweedfs").mkdir()
     result = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "benchmark.py"), "--workdir", str(tmp_path)],
+        [sys.executable, "-m", "bench.benchmark", "--workdir", str(tmp_path)],
         capture_output=True, text=True, timeout=120, cwd=REPO)
     assert result.returncode == 2
     assert f"--workdir {tmp_path} is not empty" in result.stderr

@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from seaweed import SeaweedCluster
 
 from avafs.metrics import Metrics
 from avafs.objects import ObjectRef
@@ -30,6 +29,7 @@ from avafs.tiers.cluster import ClusterTier
 from avafs.tiers.disk import DiskTier
 from avafs.tiers.ram import RamTier
 from avafs.tiers.stack import CLUSTER_PIECE, TierStack
+from bench.servers.seaweed import SeaweedCluster
 
 BLOCK = 256 * 1024
 BLOCKS = 6
@@ -209,7 +209,7 @@ def test_fills_never_block_and_are_dropped_past_their_memory(nodes, seaweed):
 def test_closing_writes_queued_fills_for_a_bounded_time(nodes, seaweed):
     """A store slow enough that each write takes about a second, but succeeds: closing writes
     what is queued for `close_wait`, finishes the writes under way and drops the rest."""
-    from fault_proxy import FaultProxy
+    from bench.servers.fault_proxy import FaultProxy
 
     (nodes.origin / "queued").write_bytes(os.urandom(12 * BLOCK))
     proxy = FaultProxy(int(seaweed.endpoint.rsplit(":", 1)[1]), rate=BLOCK)
@@ -263,7 +263,7 @@ def test_the_marker_of_a_node_that_died_stops_counting(nodes):
 
 
 def test_a_store_that_is_down_costs_no_read(nodes):
-    from seaweed import free_ports
+    from bench.servers.ports import free_ports
 
     data = os.urandom(BLOCKS * BLOCK)
     (nodes.origin / "data").write_bytes(data)
@@ -282,7 +282,7 @@ def test_a_store_that_is_down_costs_no_read(nodes):
 
 
 def test_a_failed_fill_pauses_fills_not_reads(nodes, seaweed):
-    from fault_proxy import FaultProxy
+    from bench.servers.fault_proxy import FaultProxy
 
     held, fresh = os.urandom(BLOCKS * BLOCK), os.urandom(BLOCKS * BLOCK)
     (nodes.origin / "held").write_bytes(held)
@@ -310,7 +310,7 @@ def test_a_failed_fill_pauses_fills_not_reads(nodes, seaweed):
 
 
 def test_a_marker_that_cannot_be_deleted_pauses_claims_and_is_deleted_later(nodes, seaweed):
-    from fault_proxy import FaultProxy
+    from bench.servers.fault_proxy import FaultProxy
 
     data = os.urandom(2 * BLOCK)
     (nodes.origin / "marked").write_bytes(data)
@@ -341,9 +341,8 @@ def test_one_late_claim_reads_the_source_and_two_in_a_row_pause_claims(nodes, se
     """A store busy for a moment answers one claim too late among many: that block goes to the
     source and the node goes on claiming, since a pause would send every block it misses for
     seconds to the source unclaimed. Claims pause when the next one fails too."""
-    from fault_proxy import FaultProxy
-
     from avafs.tiers import cluster
+    from bench.servers.fault_proxy import FaultProxy
 
     # No fill thread's turn (each PAUSE_AFTER_ERROR seconds) may try the failed claims'
     # left-over markers while the store hangs: that delete would pause claims by itself.

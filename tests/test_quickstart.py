@@ -1,4 +1,4 @@
-"""The quickstart's main job (bench/quickstart.py, run by scripts/quickstart.sh) on a small
+"""The quickstart's main job (scripts/quickstart.py, run by scripts/quickstart.sh) on a small
 sample: it mounts, reads twice, unmounts, and leaves nothing behind unless told to keep it."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def quickstart(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "bench" / "quickstart.py"), "--workdir",
-                           str(workdir), "--large", "1", "--small", "20", *args],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "scripts.quickstart", "--workdir", str(workdir),
+                           "--large", "1", "--small", "20", *args],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
 
 
 def test_the_sample_bucket_and_cache_are_removed_unless_kept(tmp_path):

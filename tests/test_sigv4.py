@@ -12,10 +12,10 @@ import botocore.auth
 import pytest
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
-from seaweed import SeaweedCluster
 
 from avafs.stores.s3.lean import LeanRequests
 from avafs.stores.s3.sigv4 import Signer, canonical_query
+from bench.servers.seaweed import SeaweedCluster
 
 NOW = datetime(2026, 11, 24, 23, 59, 58)
 KEY_ID, SECRET = "AKIDLEANTEST", "lean/secret+key"

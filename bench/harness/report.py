@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common import MiB, median
+from bench.harness.common import MiB, median
 
 AVAFS = "avafs"
 LOCAL = "local"

@@ -1,10 +1,10 @@
 """A SeaweedFS cluster on loopback: a master, volume servers, a filer and its S3 gateway.
 
 The test suite's fast S3-compatible store and the benchmark's default store use this one
-module (the benchmark puts this folder on its path). Every server is its own `weed` process
-on free loopback ports chosen together, gRPC ports included (SeaweedFS would otherwise take
-each HTTP port + 10000), and the S3 gateway's Iceberg and Lance listeners (fixed ports by
-default) are turned off, so clusters side by side do not fight over ports. The gateway is
+module. Every server is its own `weed` process on free loopback ports chosen together, gRPC
+ports included (SeaweedFS would otherwise take each HTTP port + 10000), and the S3 gateway's
+Iceberg and Lance listeners (fixed ports by default) are turned off, so clusters side by side
+do not fight over ports. The gateway is
 its own `weed s3` process: `weed filer -s3` did not open its S3 port in this version. Each
 volume server can be killed with SIGKILL and started again on the same ports and data
 folder, as a crashed storage node comes back. Whatever a server leaves on disk stays in its
@@ -26,8 +26,9 @@ import subprocess
 import sysconfig
 import time
 import urllib.request
-from contextlib import ExitStack
 from pathlib import Path
+
+from bench.servers.ports import free_ports
 
 WEED_VERSION = "4.48"
 _START_TIMEOUT = 60.0
@@ -61,16 +62,6 @@ def send_empty_bodies_at_once(client) -> None:
     the connection in a state where its next request waits for botocore's read timeout
     (60 s) and is retried on a new connection. Without the header no request waits."""
     client.meta.events.register("before-send.s3.PutObject", _drop_expect_when_empty)
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct free loopback ports (all sockets are held open until every port is
-    picked, so none is handed out twice)."""
-    with ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
 
 
 def _listening(port: int) -> bool:

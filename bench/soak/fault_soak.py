@@ -1,17 +1,17 @@
 """The fault soak: a mount used through every kind of store fault, checked for lost data and
 for lookups that wait on the store.
 
-Through tests/fault_proxy.py between avafs and moto, each round injects each fault (refused
-connections, resets, a store that accepts and never answers, a throttled link, a store that
-trickles its answers' bodies a few bytes a second, 503 answers)
-for some seconds while workers stat and look up files (existing and new names), read cached
+Through bench/servers/fault_proxy.py between avafs and moto, each round injects each fault
+(refused connections, resets, a store that accepts and never answers, a throttled link, a
+store that trickles its answers' bodies a few bytes a second, 503 answers) for some seconds
+while workers stat and look up files (existing and new names), read cached
 files, read uncached ones, and write new files; then the store comes back, the mount is
 flushed, and every file written is compared with the store's copy, byte for byte. Prints the
 figures (faults injected, files and bytes written, lookups, the worst lookup or stat latency
 per fault) and exits 1 if anything was lost or wrong, or a lookup or stat took longer than
 --store-timeout plus a second of scheduling slack.
 
-    python3 bench/fault_soak.py [--rounds 3] [--seconds 10] [--store-timeout 3]
+    python3 -m bench.soak.fault_soak [--rounds 3] [--seconds 10] [--store-timeout 3]
 """
 
 from __future__ import annotations
@@ -30,12 +30,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(REPO / "tests"))  # the fault proxy the tests inject faults with
+from bench.harness.s3server import BUCKET, CREDENTIALS, MotoServer
+from bench.servers.fault_proxy import FaultProxy
 
-from fault_proxy import FaultProxy  # noqa: E402
-from s3server import BUCKET, CREDENTIALS, MotoServer  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 MODES = ("refuse", "reset", "hang", "slow", "trickle", "503")
 DIRECTORIES = 4

@@ -16,12 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import s3server
-from common import Dataset, MiB, read_all, set_aside, timed
-from mounts import AvafsMount, Mount, cpu_seconds, peak_rss
-from profiling import Profiler
-from report import AVAFS, DIRECT, LOCAL, Results
-from workloads import (
+from bench.harness import s3server
+from bench.harness.common import Dataset, MiB, read_all, set_aside, timed
+from bench.harness.mounts import AvafsMount, Mount, cpu_seconds, peak_rss
+from bench.harness.profiling import Profiler
+from bench.harness.report import AVAFS, DIRECT, LOCAL, Results
+from bench.harness.workloads import (
     SMALL_THREADS,
     WritePlan,
     drop_cached_pages,

@@ -6,9 +6,10 @@ the machine's drift lands on every variant alike) on a fresh cache and times: a 
 of TREE empty files (LIST pages), cold large reads (1 reader), cold small reads (8 readers),
 small writes until flushed; with the daemon's CPU seconds for each. Run as root:
 
-    python3 bench/s3_transports.py WORKDIR ROUNDS NAME=DIR [NAME=DIR ...]
+    python3 -m bench.experiments.s3_transports WORKDIR ROUNDS NAME=DIR [NAME=DIR ...]
 
-docs/bench-s3-transports.md says how the variants of the last run were made.
+docs/optimization-history.md ("S3 transports: which pay") says how the variants of the last
+run were made.
 """
 
 from __future__ import annotations
@@ -21,14 +22,10 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "bench"))
-sys.path.insert(1, str(REPO))
-
-import s3server  # noqa: E402
-from common import make_dataset, median, write_local  # noqa: E402
-from mounts import AvafsMount, cpu_seconds, unmount_everything  # noqa: E402
-from workloads import read_large, read_small, tree_names, walk_and_stat  # noqa: E402
+from bench.harness import s3server
+from bench.harness.common import make_dataset, median, write_local
+from bench.harness.mounts import AvafsMount, cpu_seconds, unmount_everything
+from bench.harness.workloads import read_large, read_small, tree_names, walk_and_stat
 
 LARGE, LARGE_SIZE, SMALL, SMALL_SIZE, TREE, WRITES = 2, 64 * 2**20, 1000, 100 * 1024, 5000, 300
 

@@ -22,7 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 
-from s3server import BUCKET, CREDENTIALS, Store
+from bench.harness.s3server import BUCKET, CREDENTIALS, Store
 
 ACTIVE: list[Mount] = []
 _MOUNT_TIMEOUT = 60.0

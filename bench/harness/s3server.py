@@ -4,7 +4,7 @@ server), and direct boto3 traffic.
 SeaweedFS is the default store: moto copies the whole object for every ranged GET and its own
 CPU caps any client near a few hundred MB/s, so figures against it measure moto; it stays for
 comparison with earlier runs. Both are started and stopped by the benchmark on free loopback
-ports; the SeaweedFS processes are managed by the test suite's `seaweed` module.
+ports; the SeaweedFS processes are managed by `bench.servers.seaweed`, as in the tests.
 
 The direct parallel download and upload are the baselines the cold-read, warmup and write
 targets are measured against: they are what the same machine gets from the same server with
@@ -27,9 +27,8 @@ import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
-sys.path.append(str(Path(__file__).resolve().parent.parent / "tests"))
-
-from seaweed import SeaweedCluster, send_empty_bodies_at_once, weed_binary  # noqa: E402
+from bench.servers.ports import free_port
+from bench.servers.seaweed import SeaweedCluster, send_empty_bodies_at_once, weed_binary
 
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "bench",
@@ -41,12 +40,6 @@ STORES = ("seaweedfs", "moto")
 DIRECT_THREADS = 8
 _PART = 8 * 2**20
 _CHUNK = 2**20
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class MotoServer:

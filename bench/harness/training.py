@@ -30,12 +30,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import s3server
-from common import Dataset, MiB, read_all
-from mounts import AvafsMount, Mount, cpu_seconds
-from report import DIRECT, LOCAL
-from runner import FuseRound, Setup, timed_with_cpu
-from workloads import SMALL_THREADS, mb_per_s, repeated
+from bench.harness import s3server
+from bench.harness.common import Dataset, MiB, read_all
+from bench.harness.mounts import AvafsMount, Mount, cpu_seconds
+from bench.harness.report import DIRECT, LOCAL
+from bench.harness.runner import FuseRound, Setup, timed_with_cpu
+from bench.harness.workloads import SMALL_THREADS, mb_per_s, repeated
 
 IMAGENET_FILE_SIZE = 110 * 1024
 IMAGENET_DIRECTORIES = 1000
@@ -46,7 +46,7 @@ view, where tf.data reads file by file, the batched reads' in the host view."""
 READER_WORKERS = (2, 4)
 PIECE_SIZES = tuple(size * MiB for size in range(1, 9))
 WORKLOAD_NAMES = ("checkpoint", "imagenet", "adapters", "tf")
-EPOCH_READER = Path(__file__).resolve().parent / "epoch_reader.py"
+REPO = Path(__file__).resolve().parents[2]
 _READER_TIMEOUT = 1800.0
 
 
@@ -255,8 +255,8 @@ class TrainingRound(FuseRound):
               covered: Path | None = None) -> tuple[float, float | None]:
         """(samples/s, daemon CPU seconds per epoch) of `epoch_reader.py` over `root`; in a
         pod's view when `covered` (the cache dir to hide) is given."""
-        command = [sys.executable, str(EPOCH_READER), framework, str(root), "--samples",
-                   str(len(data.small)), "--workers", str(workers), "--epochs",
+        command = [sys.executable, "-m", "bench.harness.epoch_reader", framework, str(root),
+                   "--samples", str(len(data.small)), "--workers", str(workers), "--epochs",
                    str(self.plan.epochs)]
         if root.is_relative_to(self.mount.mountpoint):
             command += ["--view", "host" if covered is None else "pod",
@@ -266,7 +266,7 @@ class TrainingRound(FuseRound):
                        f"mount -t tmpfs none {shlex.quote(str(covered))} && exec "
                        f"{shlex.join(command)}"]
         result = subprocess.run(command, capture_output=True, text=True, check=False,
-                                timeout=_READER_TIMEOUT, cwd=EPOCH_READER.parent.parent,
+                                timeout=_READER_TIMEOUT, cwd=REPO,
                                 env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
         if result.returncode != 0:
             raise RuntimeError(f"{framework} reader over {root} failed ({result.returncode}): "

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from support import free_port, wait_for_port
+from bench.servers.ports import free_port, wait_for_port
 
 
 class EtcdServer:

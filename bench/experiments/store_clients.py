@@ -3,7 +3,7 @@
 Both fetch the same ranged GETs (the block fetches of a cold read) from the same moto server,
 with the same concurrency, several rounds alternating; prints medians and the ratio.
 
-    python3 bench/store_clients.py [--blocks 64] [--block-size 4MiB] [--concurrency 8]
+    python3 -m bench.experiments.store_clients [--blocks 64] [--block-size 4MiB] [--concurrency 8]
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,12 +19,9 @@ from pathlib import Path
 import boto3
 from botocore.config import Config
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from common import median  # noqa: E402
-from s3server import CREDENTIALS, MotoServer  # noqa: E402
-
-from avafs.config.sizes import parse_size  # noqa: E402
+from avafs.config.sizes import parse_size
+from bench.harness.common import median
+from bench.harness.s3server import CREDENTIALS, MotoServer
 
 
 def ranges(blocks: int, block_size: int) -> list[tuple[str, str]]:

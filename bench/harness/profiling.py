@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from mounts import cpu_seconds
+from bench.harness.mounts import cpu_seconds
 
 TOP = 15
 _ATTACH_SECONDS = 0.5

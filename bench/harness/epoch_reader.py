@@ -8,8 +8,8 @@ three run the same code. One untimed epoch first fills the caches the later epoc
 then `--epochs` timed epochs. It prints one JSON line: the median samples/s, and the median
 CPU seconds per epoch of `--daemon-pid` (read from /proc, which the namespace still shows).
 
-    python3 bench/epoch_reader.py {torch,tf} ROOT --samples N [--workers N] [--epochs N]
-                                  [--view {local,host,pod}] [--daemon-pid PID]
+    python3 -m bench.harness.epoch_reader {torch,tf} ROOT --samples N [--workers N]
+        [--epochs N] [--view {local,host,pod}] [--daemon-pid PID]
 
 `--view` is checked before anything is timed: `host` must reach the mount's control socket,
 `pod` must not (a namespace that failed to hide it would measure the host's view twice).
@@ -20,15 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
-
-from mounts import cpu_seconds  # noqa: E402
+from bench.harness.mounts import cpu_seconds
 
 BATCH = 64
 

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import Dataset, MiB, median, read_all
+from bench.harness.common import Dataset, MiB, median, read_all
 
 SMALL_THREADS = 8
 REPEATS = 5

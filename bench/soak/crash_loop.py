@@ -15,8 +15,8 @@ At the end a last mount is flushed and the bucket must hold exactly the model: e
 acknowledged byte, nothing deleted, no data of a file unlinked while open, and no unfinished
 multipart upload. Prints the figures; exits 1 with the violations if there is any.
 
-    python3 bench/crash_loop.py --cycles 50
-    python3 bench/crash_loop.py --endpoint http://127.0.0.1:9000 --bucket test --cycles 3
+    python3 -m bench.soak.crash_loop --cycles 50
+    python3 -m bench.soak.crash_loop --endpoint http://127.0.0.1:9000 --bucket test --cycles 3
 """
 
 from __future__ import annotations
@@ -37,14 +37,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+import boto3
 
-import boto3  # noqa: E402
-import s3server  # noqa: E402
-from common import used_workdir  # noqa: E402
-
-from avafs.host.processes import wait_for_exit  # noqa: E402
+from avafs.host.processes import wait_for_exit
+from bench.harness import s3server
+from bench.harness.common import used_workdir
 
 MiB = 2**20
 _CHUNK = 64 * 1024

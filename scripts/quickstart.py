@@ -10,17 +10,13 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 import tempfile
 from contextlib import suppress
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import MiB, avafs, make_dataset, read_all, write_local  # noqa: E402
-
-from avafs.client import Client  # noqa: E402
-from avafs.config.sizes import format_size  # noqa: E402
+from avafs.client import Client
+from avafs.config.sizes import format_size
+from bench.harness.common import MiB, avafs, make_dataset, read_all, write_local
 
 
 def main() -> int:

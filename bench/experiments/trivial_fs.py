@@ -1,10 +1,10 @@
 """A pyfuse3 file system that serves N files of 16 KiB from memory, and nothing else.
 
-    python3 bench/trivial_fs.py MOUNTPOINT [FILES]
+    python3 -m bench.experiments.trivial_fs MOUNTPOINT [FILES]
 
 It measures pyfuse3's own ceiling for small files (lookup, open, read, flush, release per
 file, answered without any work, on uvloop as avafs serves them), which bounds what any
-pyfuse3 file system, avafs included, can serve: `python3 bench/probes.py pyfuse3-ceiling`
+pyfuse3 file system, avafs included, can serve: `python3 -m bench.probes pyfuse3-ceiling`
 mounts it and reads every file.
 """
 
