@@ -2,7 +2,7 @@
 
 A cold read of a large file writes every block to the disk tier once, and through the page
 cache that write is a copy into memory the kernel has to find for it, which can be the
-daemon's largest cost during cold reads (BENCHMARKS.md, "A property of this machine's
+daemon's largest cost during cold reads (docs/optimization-history.md, "A property of this machine's
 memory"). Written with O_DIRECT from a buffer that is reused, the same block costs a fraction
 of that CPU, and the kernel keeps no second copy of bytes the RAM tier already holds. Readers
 of the block file read it from the device the first time.

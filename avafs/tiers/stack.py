@@ -225,8 +225,8 @@ class TierStack:
         written through the page cache (it is under DIRECT_MIN_SIZE), which keeps it in
         memory while the kernel can, and the FUSE page cache holds the same bytes. A copy in
         RAM would be a third, and while the RAM tier grows every block it keeps is fresh
-        memory, which the kernel must find and clear first (BENCHMARKS.md, "Small objects out
-        of the RAM tier"). A warmup or prefetch into RAM still puts it there (`load`)."""
+        memory, which the kernel must find and clear first (docs/optimization-history.md,
+        "Small objects out of the RAM tier"). A warmup or prefetch into RAM still puts it there (`load`)."""
         if not self._is_small(ref):
             return None
         data = self._read_from_ram(ref, offset, size)
@@ -256,8 +256,8 @@ class TierStack:
         """The bytes of a one-block object that neither tier holds (`_read_small` said None):
         the GET is the store's `get_range_async` (sent from the loop itself where the store
         can, else from a fetch thread), and the block is cached from the caller's loop,
-        which costs less than the whole of `read` in a thread (BENCHMARKS.md, "The layout
-        step"). None when the block got cached or began loading meanwhile, or no fetch
+        which costs less than the whole of `read` in a thread (docs/optimization-history.md,
+        "The layout step"). None when the block got cached or began loading meanwhile, or no fetch
         slot is free: then `read`, in a thread, waits for it. The block stays small
         (INLINE_DISK_READ) because its disk write happens on the loop. With a cluster tier,
         whose requests block, None: `read` looks there first, in a thread."""

@@ -371,7 +371,7 @@ def _drop_cached(fd: int, end: int) -> None:
     fsync would wait for it anyway) and go at a later part's call. Why: a gigabyte written
     through the page cache takes a gigabyte of memory the kernel has to find, and writing into
     memory not touched lately costs far more CPU than reusing the pages of what went before
-    (BENCHMARKS.md, "A property of this machine's memory")."""
+    (docs/optimization-history.md, "A property of this machine's memory")."""
     try:
         os.posix_fadvise(fd, 0, end, os.POSIX_FADV_DONTNEED)
     except OSError as error:  # advice only: the part is in the store either way

@@ -4,8 +4,8 @@ Why: a cold small file is one GET, and sent from a worker thread it costs the GI
 over, handed to the thread and back and then contended by every other fetching thread at
 each socket call, on top of urllib3's per-request work in Python. On the request loop
 (uvloop) the sockets are driven in C and aiohttp parses the answer in C, so the same GET
-costs the daemon less CPU and no thread hop (BENCHMARKS.md, "Cold small files' GETs on the
-request loop").
+costs the daemon less CPU and no thread hop (docs/optimization-history.md, "Cold small
+files' GETs on the request loop").
 
 The session belongs to the loop it was opened on, the first GET's, and is closed there
 (`close`), as the loop ends; a GET asked on another loop answers None, and the caller sends
