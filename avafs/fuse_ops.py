@@ -87,6 +87,12 @@ class OpenDirectory:
     """The listing this handle pages through, fixed at its first readdir for consistency."""
 
 
+_REFUSALS = frozenset({errno.EFBIG, errno.ENAMETOOLONG, errno.EINVAL, errno.EEXIST,
+                       errno.ENOENT, errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR, errno.EPERM,
+                       errno.EACCES})
+"""What the local disk answers a request it refuses as asked (a size past what it holds):
+the caller's mistake, not the disk's failure, so not an error of the daemon's log."""
+
 def _errno_of(error: Exception) -> int:
     """A failure of the local disk or the store as the errno the caller gets: any other
     exception out of a handler would end pyfuse3's main loop, and with it the mount for every
@@ -94,7 +100,7 @@ def _errno_of(error: Exception) -> int:
     if isinstance(error, Refused):
         return error.errno
     if isinstance(error, OSError):
-        log.error("%s", error)
+        log.log(logging.INFO if error.errno in _REFUSALS else logging.ERROR, "%s", error)
         return error.errno or errno.EIO
     if isinstance(error, ObjectChangedError):
         log.warning("%s", error)

@@ -341,3 +341,18 @@ def test_bad_attribute_flags_get_one_line_errors(local_bucket, tmp_path, flag, v
                        "--cache-dir", str(tmp_path / "cache"))
     assert result.returncode != 0
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_change_of_attributes_reaches_a_version_replaced_meanwhile(s3_server, bucket,
+                                                                    s3_mount):
+    """The object was replaced in the store after the mount read it: a chmod still lands,
+    on the version the store has, as a chmod applies to an inode whatever it holds."""
+    s3_server.client().put_object(Bucket=bucket, Key="f.bin", Body=b"first")
+    mnt = s3_mount("--metadata-ttl", "600")
+    os.stat(mnt / "f.bin")
+    s3_server.client().put_object(Bucket=bucket, Key="f.bin", Body=b"second version")
+    os.chmod(mnt / "f.bin", 0o600)
+    assert Client(mnt).flush()["bytes"] == 0
+    stored = s3_server.client().get_object(Bucket=bucket, Key="f.bin")
+    assert stored["Body"].read() == b"second version"
+    assert stored["Metadata"]["mode"] == str(stat.S_IFREG | 0o600)

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import BinaryIO
 
-from ..errors import StoreError
+from ..errors import ObjectChangedError, StoreError
 from ..stores.base import ObjectStore
 from ..stores.metadata import Attrs
 from .file_views import FileView
@@ -104,8 +104,13 @@ class Uploader:
             return None
         if entry.kind == COPY:
             with self.streams.intent(store, entry.source, entry.key, entry.size):
-                return store.copy(entry.copy_from, entry.key, entry.copy_etag,
-                                  None if entry.attrs is None else entry.mtime, entry.attrs)
+                try:
+                    return store.copy(entry.copy_from, entry.key, entry.copy_etag,
+                                      None if entry.attrs is None else entry.mtime, entry.attrs)
+                except ObjectChangedError:
+                    if entry.copy_from != entry.key:
+                        raise  # a rename's source changed by someone else: not ours to move
+                    return self._reapply_attributes(store, entry)
         assert entry.kind == DATA
         attrs = entry.attrs or Attrs()
         completed = self.streams.finish(entry, generation) if entry.stream is not None \
@@ -131,6 +136,18 @@ class Uploader:
         with open(path, "rb") as file:
             return store.put(entry.key, GuardedReader(file, entry, generation), entry.size,
                              entry.mtime, attrs)
+
+    @staticmethod
+    def _reapply_attributes(store: ObjectStore, entry: Pending):
+        """A change of attributes (a copy of the object onto itself) whose version was
+        replaced meanwhile, by an upload of this mount that settled first or by another
+        writer: the attributes were set on the file, whatever its bytes, so they go onto the
+        version the store has now, as a chmod applies to an inode whatever it holds. None
+        (settled as deleted) if the object is gone."""
+        current = store.head(entry.key)
+        if current is None:
+            return None
+        return store.copy(entry.key, entry.key, current.etag, entry.mtime, entry.attrs)
 
     def stop(self) -> None:
         self._stopping = True
