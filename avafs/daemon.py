@@ -43,7 +43,7 @@ from .config.options import MountOptions
 from .control.socket import SOCKET_NAME, ControlServer, Progress
 from .control.status import RecentErrors, build_status
 from .errors import NEW_OBJECTS_HINT, AvafsError
-from .fuse_ops import AvafsOperations
+from .fuse import AvafsOperations
 from .host.mounts import AVAFS_FSTYPE, device_mounted, mount_at, wait_until_unmounted
 from .log_format import EscapingFormatter
 from .metrics import Metrics
