@@ -200,9 +200,9 @@ def _add_recover_parser(commands: argparse._SubParsersAction) -> None:
 
 def _recover(args: argparse.Namespace) -> int:
     from .stores import open_cluster_bucket, open_store
-    from .writeback.cluster_queue import ClusterQueue, cluster_id
-    from .writeback.coordination import Etcd, EtcdUnavailable
-    from .writeback.takeover import Takeover, recover
+    from .writeback.cluster.coordination import Etcd, EtcdUnavailable
+    from .writeback.cluster.queue import ClusterQueue, cluster_id
+    from .writeback.cluster.takeover import Takeover, recover
 
     values = {name: OPTIONS_BY_NAME[name].default for name in _RECOVER_OPTIONS}
     for name in _RECOVER_OPTIONS:

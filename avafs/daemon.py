@@ -43,7 +43,7 @@ from .config.options import MountOptions
 from .control.socket import SOCKET_NAME, ControlServer, Progress
 from .control.status import RecentErrors, build_status
 from .errors import NEW_OBJECTS_HINT, AvafsError
-from .fuse_ops import AvafsOperations
+from .fuse import AvafsOperations
 from .host.mounts import AVAFS_FSTYPE, device_mounted, mount_at, wait_until_unmounted
 from .log_format import EscapingFormatter
 from .metrics import Metrics
@@ -55,11 +55,11 @@ from .tiers.disk import DiskTier
 from .tiers.ram import RamTier
 from .tiers.stack import TierStack
 from .warmup.runner import Prefetcher, WarmupRunner, expand
-from .writeback.cluster_queue import ClusterQueue, cluster_id
-from .writeback.coordination import Etcd
+from .writeback.cluster.coordination import Etcd
+from .writeback.cluster.queue import ClusterQueue, cluster_id
+from .writeback.cluster.takeover import ClusterMember
 from .writeback.manager import WriteBack
 from .writeback.pending import Pending
-from .writeback.takeover import ClusterMember
 from .writeback.uploader import Uploader
 
 log = logging.getLogger("avafs")
@@ -202,7 +202,7 @@ class Filesystem:
 
     def _join_cluster(self, writeback: WriteBack) -> ClusterMember:
         """`--writeback cluster`: stage committed files in the cluster store, keep this node's
-        queue in etcd, take over the queues of lost nodes (writeback/takeover.py)."""
+        queue in etcd, take over the queues of lost nodes (writeback/cluster/takeover.py)."""
         options = self.options
         bucket = open_cluster_bucket(options.cluster_cache, options.cluster_endpoint_url,
                                      options.cluster_profile, options.cluster_timeout)

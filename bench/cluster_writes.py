@@ -22,7 +22,7 @@ origin lists every file at its size (polled directly, not through the link). Dir
 checkpoint uploaded to the cluster store with boto3 (8 MiB parts, 8 at a time).
 
 Under `cluster`, a file is acknowledged cluster-durable only if the cluster store and etcd took
-it in time (a staging request's limit, avafs.writeback.cluster_queue.STAGE_TIMEOUT); else it is
+it in time (a staging request's limit, avafs.writeback.cluster.queue.STAGE_TIMEOUT); else it is
 node-durable and staged again later. So each
 acknowledgement is followed by the mount's count of files that are only node-durable
 (`unstaged` in its status), printed with the figures: a throughput with files unstaged is not

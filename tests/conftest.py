@@ -135,7 +135,7 @@ def _fuse_available() -> None:
 
 @pytest.fixture
 def side(tmp_path) -> Iterator[LocalWriteSide]:
-    """A namespace over a write-back over a local bucket, driven as fuse_ops drives them, with
+    """A namespace over a write-back over a local bucket, driven as the FUSE handlers drive them, with
     no mount (tests/local_writeback.py)."""
     made = LocalWriteSide(tmp_path)
     yield made

@@ -24,8 +24,8 @@ import pytest
 from support import run_avafs
 
 from avafs.client import Client
-from avafs.writeback.cluster_queue import SETTLE_BATCH, Record, cluster_id
-from avafs.writeback.coordination import Etcd
+from avafs.writeback.cluster.coordination import Etcd
+from avafs.writeback.cluster.queue import SETTLE_BATCH, Record, cluster_id
 
 MiB = 2**20
 TTL = 3
@@ -319,7 +319,7 @@ def test_a_node_that_lost_its_lease_while_running_stages_nothing_a_taker_misses(
     import etcd3gw
     from etcd3gw.lease import Lease
 
-    from avafs.writeback.cluster_queue import cluster_id
+    from avafs.writeback.cluster.queue import cluster_id
 
     node_a = cluster.node("a")
     cluster.node("b")

@@ -19,7 +19,7 @@ LAYERS: list[list[str]] = [
     ["avafs.client"],
     ["avafs.daemon"],
     ["avafs.control"],
-    ["avafs.fuse_ops", "avafs.batch_reads", "avafs.warmup"],
+    ["avafs.fuse", "avafs.batch_reads", "avafs.warmup"],
     ["avafs.namespace"],
     ["avafs.writeback", "avafs.tiers"],
     ["avafs.objects"],
@@ -76,7 +76,7 @@ def layer_entry(name: str) -> tuple[int, str]:
 
 def test_the_graph_is_the_package() -> None:
     """Guards the other tests against passing on an empty or misread graph."""
-    assert {"avafs.fuse_ops", "avafs.tiers.stack", "avafs.writeback.manager"} <= MODULES.keys()
+    assert {"avafs.fuse", "avafs.tiers.stack", "avafs.writeback.manager"} <= MODULES.keys()
     assert "avafs.tiers.stack" in GRAPH["avafs.daemon"]
     assert "avafs.objects" in GRAPH["avafs.tiers.stack"]
 

@@ -183,7 +183,7 @@ def test_disk_tier_is_reused_after_remount(s3_server, bucket, mount, tmp_path):
 
 
 MODES = pytest.mark.parametrize("mode", [(), ("--read-only",)], ids=["read-write", "read-only"])
-"""A read-only mount opens no files where pyfuse3 allows it (fuse_ops `_opens`), so what
+"""A read-only mount opens no files where pyfuse3 allows it (`AvafsOperations._opens`), so what
 decides when a reader sees a new version differs from a read-write mount's."""
 
 
@@ -246,7 +246,7 @@ def _listed(directory: Path) -> dict[str, int]:
 
 
 def test_a_directory_read_again_shows_every_change(source, mount):
-    """The kernel keeps a directory's entries once it has read them all (fuse_ops.opendir):
+    """The kernel keeps a directory's entries once it has read them all (`DirectoryRequests.opendir`):
     changes in the store show once the listing is fetched again, changes through the mount at
     once, and an entry whose inode the kernel forgot is listed with the inode it has now."""
     for name in ("a.bin", "b.bin"):

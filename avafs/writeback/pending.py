@@ -61,7 +61,7 @@ class Pending:
     change of attributes alone: the store copies the object onto itself."""
     staged: str | None = None
     """Under --writeback cluster, the id of this state's record in the cluster's queue
-    (cluster_queue.py); None while it is only node-durable."""
+    (cluster/queue.py); None while it is only node-durable."""
     # Not journaled: the state of this daemon's work on the entry.
     durable: bool = False
     writers: int = 0
@@ -84,7 +84,7 @@ class Pending:
     """The upload of this file in progress while it is written (see streaming.py)."""
     cluster_stream: Stream | None = None
     """Under --writeback cluster, the upload of this file to its staging object in the
-    cluster store while it is written (cluster_streams.py); the stage completes it."""
+    cluster store while it is written (cluster/streams.py); the stage completes it."""
     stored_generation: int | None = None
     """The generation the store has while the file is still open (--writeback sync uploads at
     every fsync): the entry stays the key's state, as its writer may go on, and settles at its

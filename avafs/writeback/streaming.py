@@ -81,7 +81,7 @@ class StreamUploads:
     lock, which guards every entry's streams and `appended_to`.
 
     The target of a stream (which store, under which key, in which of the entry's slots) is
-    `_target`, `_stream_of` and `_set_stream`: ClusterStreams (cluster_streams.py) sends the
+    `_target`, `_stream_of` and `_set_stream`: ClusterStreams (cluster/streams.py) sends the
     same parts to the cluster store's staging object with this machinery. `stores` are the
     stores this instance's journaled uploads may name, by the source the journal gives them;
     each instance aborts only the leftovers of its own stores."""

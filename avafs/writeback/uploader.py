@@ -1,8 +1,8 @@
 """The uploader: worker threads that bring the store to each key's pending state.
 
-Retries never give up silently: a failed upload is retried with exponential backoff (capped at
-30 s) for as long as the daemon runs, and stays in the journal across restarts; one the store
-refuses for good is set aside by the write-back manager, kept and reported. An upload reads the
+Which state goes next, and whether a failed one is retried (with backoff, never given up
+silently) or set aside, is upload_order.py's: the uploaders ask it and report back. An upload
+reads the
 local file through a guard that aborts it if the file is written meanwhile, or if its state was
 cancelled (the file deleted or replaced), so the store never gets a snapshot mixing two versions
 and a deleted file's upload stops at once; a changed key stays pending and goes again. A file

@@ -3,7 +3,7 @@
 Mechanism. Committing a file (close(), fsync()) under `--writeback cluster` stages it: the
 data file goes to the cluster store as `staging/<node>/<token>` (the store replicates it),
 either in one PUT or, for a file written front to back, by completing the multipart upload
-that sent its parts while it was written (cluster_streams.py), then its record, naming the origin (source URL and key), the staging object, size,
+that sent its parts while it was written (cluster/streams.py), then its record, naming the origin (source URL and key), the staging object, size,
 mtime and attributes, is put in etcd under `/avafs/<cluster id>/queue/<node>/<id>`. An id is
 `<commit time>-<token>`: ids grow with commit time, so the queue's key order is the order
 files were committed, while the token, which names the staging object, can be chosen before
@@ -63,13 +63,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 from urllib.parse import quote
 
-from ..stores.metadata import Attrs
+from ...stores.metadata import Attrs
+from ..file_views import FileView
+from ..pending import DATA
 from .coordination import Etcd, EtcdUnavailable
-from .file_views import FileView
-from .pending import DATA
 
 if TYPE_CHECKING:  # boto3 is optional: only a cluster mount needs it
-    from ..stores.s3.cluster_bucket import ClusterBucket
+    from ...stores.s3.cluster_bucket import ClusterBucket
 
 log = logging.getLogger(__name__)
 

@@ -23,12 +23,12 @@ import logging
 import threading
 from pathlib import Path
 
-from ..stores.base import MultipartUploads
-from ..stores.metadata import Attrs
-from .cluster_queue import ClusterQueue
-from .journal import Journal
-from .pending import Pending, Stream
-from .streaming import StreamUploads
+from ...stores.base import MultipartUploads
+from ...stores.metadata import Attrs
+from ..journal import Journal
+from ..pending import Pending, Stream
+from ..streaming import StreamUploads
+from .queue import ClusterQueue
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ Invariants.
   TTL has not passed since the last keep-alive etcd answered was sent (etcd never expires a
   lease sooner). Only then does it stage, and the transaction that writes a record also
   compares the owner key with the value this daemon gave it, so no record is added to a queue
-  someone else owns (cluster_queue.py). Its own uploaders start uploads only then too
+  someone else owns (cluster/queue.py). Its own uploaders start uploads only then too
   (`WriteBack.may_upload`), so while a taker uploads the node's records no newer upload of
   the same key starts here; an upload already under way when the lease lapsed may still land
   before a taker's older record of that key (keep the TTL above the longest upload, or etcd
@@ -52,14 +52,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import AvafsError, ObjectChangedError, StoreError
-from ..metrics import Metrics
-from ..stores.base import ObjectStore
-from ..stores.metadata import Attrs
-from .cluster_queue import ClusterQueue, Record
+from ...errors import AvafsError, ObjectChangedError, StoreError
+from ...metrics import Metrics
+from ...stores.base import ObjectStore
+from ...stores.metadata import Attrs
+from ..manager import WriteBack
+from ..pending import COPY, DATA, DELETED
 from .coordination import EtcdUnavailable
-from .manager import WriteBack
-from .pending import COPY, DATA, DELETED
+from .queue import ClusterQueue, Record
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from ..errors import AvafsError
+from ...errors import AvafsError
 
 Result = TypeVar("Result")
 

@@ -1,0 +1,32 @@
+"""What the kernel and pyfuse3 (as third_party/pyfuse3 patches it) offer the handlers, and the
+one call that drops an inode's cached pages."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from concurrent.futures import Executor
+
+import pyfuse3
+
+READER = {"noflush": True} if hasattr(pyfuse3.FileInfo(), "noflush") else {}
+"""What a read-only open answers beside its handle: FOPEN_NOFLUSH where pyfuse3 exposes it
+(third_party/pyfuse3's patch, which scripts/install.sh builds), so that closing a reader sends
+no FLUSH, which would have nothing to commit; with stock pyfuse3 every close is a round trip.
+FLUSH carries no lock release here: pyfuse3 has no lock requests, so the kernel keeps POSIX
+locks itself."""
+READS_NAME_INODE = getattr(pyfuse3, "READS_NAME_INODE_WITHOUT_OPEN", False)
+"""Whether a read sent without an open names its inode (third_party/pyfuse3's patch; stock
+pyfuse3 gives it the handle, 0 for every file then)."""
+CACHES_DIRECTORIES = hasattr(pyfuse3.FileInfo(), "cache_readdir")
+"""Whether opendir can ask the kernel to keep a directory's entries (third_party/pyfuse3's
+patch; stock pyfuse3 takes a handle only, and every read of a directory is a request)."""
+
+
+async def drop_pages(inode: int, threads: Executor) -> None:
+    """The kernel's cached pages of an inode, dropped from a worker thread (the kernel
+    answers when the pages being read are filled). An inode the kernel has forgotten has none."""
+    with contextlib.suppress(OSError):
+        await asyncio.get_running_loop().run_in_executor(threads, pyfuse3.invalidate_inode,
+                                                         inode)
+
