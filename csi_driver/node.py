@@ -14,8 +14,18 @@ from .errors import failed_precondition, invalid_argument, required
 from .mounts import normalize
 from .proto import csi_pb2, csi_pb2_grpc
 from .rpc import csi_method
-from .volume_spec import VolumeSpec, parse_credentials, parse_volume_context, with_mount_group
+from .volume_spec import (
+    POD_INFO_PREFIX,
+    VolumeSpec,
+    parse_credentials,
+    parse_volume_context,
+    with_mount_group,
+)
 from .volumes import VolumeManager
+
+EPHEMERAL = POD_INFO_PREFIX + "ephemeral"
+"""Set to "true" by kubelet for an inline volume (`csi:` in a pod spec); the CSIDriver must
+list Ephemeral in volumeLifecycleModes."""
 
 NODE_CAPABILITIES = (
     csi_pb2.NodeServiceCapability.RPC.STAGE_UNSTAGE_VOLUME,
@@ -61,7 +71,7 @@ class NodeService(csi_pb2_grpc.NodeServicer):
         return csi_pb2.NodeStageVolumeResponse()
 
     def _spec(self, request, read_only: bool) -> VolumeSpec:
-        """The volume a stage asks for, refused if it is not allowed."""
+        """The volume a stage (or an inline publish) asks for, refused if it is not allowed."""
         spec, _ = parse_volume_context(request.volume_context, read_only)
         spec = with_mount_group(spec, request.volume_capability.mount.volume_mount_group)
         if not self._allow_file_sources and any(url.startswith("file:") for url in spec.urls()):
@@ -83,11 +93,16 @@ class NodeService(csi_pb2_grpc.NodeServicer):
                           ) -> csi_pb2.NodePublishVolumeResponse:
         volume_id = required(request.volume_id, "volume_id")
         target_path = _absolute_path(request.target_path, "target_path")
-        _check_capability(request)
-        if not request.staging_target_path:
+        read_only = _check_capability(request)
+        if request.volume_context.get(EPHEMERAL) == "true":
+            staging_path = self._volumes.stage_ephemeral(
+                volume_id, self._spec(request, read_only or request.readonly),
+                parse_credentials(request.secrets))
+        elif not request.staging_target_path:
             raise failed_precondition("staging_target_path is required: this plugin has the "
                                       "STAGE_UNSTAGE_VOLUME capability")
-        staging_path = _absolute_path(request.staging_target_path, "staging_target_path")
+        else:
+            staging_path = _absolute_path(request.staging_target_path, "staging_target_path")
         sub_path = request.volume_context.get("subPath", "")
         self._volumes.publish(volume_id, staging_path, target_path, sub_path,
                               request.volume_context, request.readonly,

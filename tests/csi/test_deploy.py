@@ -99,6 +99,7 @@ def test_csidriver_matches_what_the_plugin_is():
     assert driver["spec"]["attachRequired"] is False
     assert driver["spec"]["podInfoOnMount"] is True
     assert driver["spec"]["fsGroupPolicy"] == "File"  # with the VOLUME_MOUNT_GROUP capability
+    assert driver["spec"]["volumeLifecycleModes"] == ["Persistent", "Ephemeral"]
     assert the("PersistentVolume")["spec"]["csi"]["driver"] == DEFAULT_DRIVER_NAME
 
 
