@@ -1,4 +1,4 @@
-"""avafs CSI node plugin: mounts buckets into Kubernetes pods and keeps the mounts alive.
+"""avafs CSI plugin: mounts buckets into Kubernetes pods, keeps the mounts alive, provisions.
 
 One avafs daemon per volume per node serves every pod on that node from one shared cache
 (stage); each pod gets a bind mount of its sub-directory (publish). Everything the driver did

@@ -1,4 +1,4 @@
-"""`python -m csi_driver --endpoint unix:///csi/csi.sock --node-id NODE [--state-dir DIR]`."""
+"""`python -m csi_driver --endpoint unix:///csi/csi.sock [--mode node] --node-id NODE [--state-dir DIR]`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import NoReturn
 from gpu_sched.kube import KubeClient, KubeError, api_client
 
 from . import DEFAULT_DRIVER_NAME
-from .server import DriverConfig, serve
+from .server import MODES, DriverConfig, serve
 
 DRIVER_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]{0,61}[A-Za-z0-9])?$")
 
@@ -57,10 +57,15 @@ def _seconds(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="avafs-csi", description="avafs CSI node plugin.")
+    parser = OneLineParser(prog="avafs-csi", description="avafs CSI plugin.")
     parser.add_argument("--endpoint", required=True, type=_unix_socket,
                         help="gRPC socket, unix:///path/csi.sock")
-    parser.add_argument("--node-id", required=True, help="this node's name (NodeGetInfo)")
+    parser.add_argument("--mode", choices=MODES, default="node",
+                        help="the CSI services to serve: node (mounts, on every node), "
+                             "controller (creates and deletes volumes, beside the "
+                             "external-provisioner) or all (default node)")
+    parser.add_argument("--node-id", default="",
+                        help="this node's name (NodeGetInfo); required in node and all modes")
     parser.add_argument("--state-dir", type=Path, default=Path("/var/lib/avafs-csi"),
                         help="records of staged and published volumes, and stage secrets "
                              "(default /var/lib/avafs-csi)")
@@ -91,8 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if not args.node_id.strip():
-        build_parser().error("--node-id must not be empty")
+    if args.mode != "controller" and not args.node_id.strip():
+        build_parser().error(f"--node-id is required and must not be empty in {args.mode} mode")
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     annotate_node = None
@@ -107,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                        cache_root=args.cache_root or args.state_dir / "cache",
                        max_volumes_per_node=args.max_volumes_per_node,
                        repair_interval=args.repair_interval,
-                       allow_file_sources=args.allow_file_sources,
+                       allow_file_sources=args.allow_file_sources, mode=args.mode,
                        annotate_node=annotate_node,
                        publish_cache_interval=args.publish_cache_interval))
     return 0

@@ -183,6 +183,207 @@ class Identity:
             _registered_method=True)
 
 
+class ControllerStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.CreateVolume = channel.unary_unary(
+                '/csi.v1.Controller/CreateVolume',
+                request_serializer=csi__driver_dot_csi__pb2.CreateVolumeRequest.SerializeToString,
+                response_deserializer=csi__driver_dot_csi__pb2.CreateVolumeResponse.FromString,
+                _registered_method=True)
+        self.DeleteVolume = channel.unary_unary(
+                '/csi.v1.Controller/DeleteVolume',
+                request_serializer=csi__driver_dot_csi__pb2.DeleteVolumeRequest.SerializeToString,
+                response_deserializer=csi__driver_dot_csi__pb2.DeleteVolumeResponse.FromString,
+                _registered_method=True)
+        self.ValidateVolumeCapabilities = channel.unary_unary(
+                '/csi.v1.Controller/ValidateVolumeCapabilities',
+                request_serializer=csi__driver_dot_csi__pb2.ValidateVolumeCapabilitiesRequest.SerializeToString,
+                response_deserializer=csi__driver_dot_csi__pb2.ValidateVolumeCapabilitiesResponse.FromString,
+                _registered_method=True)
+        self.ControllerGetCapabilities = channel.unary_unary(
+                '/csi.v1.Controller/ControllerGetCapabilities',
+                request_serializer=csi__driver_dot_csi__pb2.ControllerGetCapabilitiesRequest.SerializeToString,
+                response_deserializer=csi__driver_dot_csi__pb2.ControllerGetCapabilitiesResponse.FromString,
+                _registered_method=True)
+
+
+class ControllerServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def CreateVolume(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteVolume(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ValidateVolumeCapabilities(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ControllerGetCapabilities(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ControllerServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'CreateVolume': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateVolume,
+                    request_deserializer=csi__driver_dot_csi__pb2.CreateVolumeRequest.FromString,
+                    response_serializer=csi__driver_dot_csi__pb2.CreateVolumeResponse.SerializeToString,
+            ),
+            'DeleteVolume': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteVolume,
+                    request_deserializer=csi__driver_dot_csi__pb2.DeleteVolumeRequest.FromString,
+                    response_serializer=csi__driver_dot_csi__pb2.DeleteVolumeResponse.SerializeToString,
+            ),
+            'ValidateVolumeCapabilities': grpc.unary_unary_rpc_method_handler(
+                    servicer.ValidateVolumeCapabilities,
+                    request_deserializer=csi__driver_dot_csi__pb2.ValidateVolumeCapabilitiesRequest.FromString,
+                    response_serializer=csi__driver_dot_csi__pb2.ValidateVolumeCapabilitiesResponse.SerializeToString,
+            ),
+            'ControllerGetCapabilities': grpc.unary_unary_rpc_method_handler(
+                    servicer.ControllerGetCapabilities,
+                    request_deserializer=csi__driver_dot_csi__pb2.ControllerGetCapabilitiesRequest.FromString,
+                    response_serializer=csi__driver_dot_csi__pb2.ControllerGetCapabilitiesResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'csi.v1.Controller', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('csi.v1.Controller', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Controller:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def CreateVolume(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/csi.v1.Controller/CreateVolume',
+            csi__driver_dot_csi__pb2.CreateVolumeRequest.SerializeToString,
+            csi__driver_dot_csi__pb2.CreateVolumeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteVolume(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/csi.v1.Controller/DeleteVolume',
+            csi__driver_dot_csi__pb2.DeleteVolumeRequest.SerializeToString,
+            csi__driver_dot_csi__pb2.DeleteVolumeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ValidateVolumeCapabilities(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/csi.v1.Controller/ValidateVolumeCapabilities',
+            csi__driver_dot_csi__pb2.ValidateVolumeCapabilitiesRequest.SerializeToString,
+            csi__driver_dot_csi__pb2.ValidateVolumeCapabilitiesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ControllerGetCapabilities(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/csi.v1.Controller/ControllerGetCapabilities',
+            csi__driver_dot_csi__pb2.ControllerGetCapabilitiesRequest.SerializeToString,
+            csi__driver_dot_csi__pb2.ControllerGetCapabilitiesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class NodeStub:
     """Missing associated documentation comment in .proto file."""
 

@@ -32,3 +32,10 @@ def failed_precondition(message: str) -> CsiError:
 
 def internal(message: str) -> CsiError:
     return CsiError(grpc.StatusCode.INTERNAL, message)
+
+
+def required(value: str, field: str) -> str:
+    """`value`, or INVALID_ARGUMENT naming the missing field (csi-sanity expects that code)."""
+    if not value:
+        raise invalid_argument(f"{field} is required")
+    return value

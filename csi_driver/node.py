@@ -9,15 +9,24 @@ from __future__ import annotations
 
 import os
 
-from .errors import failed_precondition, invalid_argument
+from .capabilities import READ_ONLY_MODES, mount_problem
+from .errors import failed_precondition, invalid_argument, required
 from .mounts import normalize
 from .proto import csi_pb2, csi_pb2_grpc
 from .rpc import csi_method
-from .volume_spec import parse_credentials, parse_volume_context, with_mount_group
+from .volume_spec import (
+    POD_INFO_PREFIX,
+    VolumeSpec,
+    parse_credentials,
+    parse_volume_context,
+    with_mount_group,
+)
 from .volumes import VolumeManager
 
-AccessMode = csi_pb2.VolumeCapability.AccessMode
-READ_ONLY_MODES = {AccessMode.SINGLE_NODE_READER_ONLY, AccessMode.MULTI_NODE_READER_ONLY}
+EPHEMERAL = POD_INFO_PREFIX + "ephemeral"
+"""Set to "true" by kubelet for an inline volume (`csi:` in a pod spec); the CSIDriver must
+list Ephemeral in volumeLifecycleModes."""
+
 NODE_CAPABILITIES = (
     csi_pb2.NodeServiceCapability.RPC.STAGE_UNSTAGE_VOLUME,
     csi_pb2.NodeServiceCapability.RPC.GET_VOLUME_STATS,
@@ -26,14 +35,8 @@ NODE_CAPABILITIES = (
 )
 
 
-def _required(value: str, field: str) -> str:
-    if not value:
-        raise invalid_argument(f"{field} is required")
-    return value
-
-
 def _absolute_path(value: str, field: str) -> str:
-    _required(value, field)
+    required(value, field)
     if not os.path.isabs(value):
         raise invalid_argument(f"{field} must be an absolute path, got {value!r}")
     return normalize(value)
@@ -43,20 +46,10 @@ def _check_capability(request) -> bool:
     """Whether the capability asks for a read-only volume; refuses what avafs cannot serve."""
     if not request.HasField("volume_capability"):
         raise invalid_argument("volume_capability is required")
-    capability = request.volume_capability
-    if capability.access_mode.mode == AccessMode.UNKNOWN:
-        raise invalid_argument("volume_capability.access_mode is required")
-    access_type = capability.WhichOneof("access_type")
-    if access_type == "block":
-        raise invalid_argument("volume_capability.block is not supported: an avafs volume is a "
-                               "filesystem (use volumeMode: Filesystem)")
-    if access_type is None:
-        raise invalid_argument("volume_capability.mount is required")
-    if capability.mount.mount_flags:
-        raise invalid_argument("volume_capability.mount.mount_flags (PersistentVolume "
-                               "mountOptions) are not supported: set avafs options in "
-                               "volumeAttributes")
-    return capability.access_mode.mode in READ_ONLY_MODES
+    problem = mount_problem(request.volume_capability, "volume_capability")
+    if problem is not None:
+        raise invalid_argument(problem)
+    return request.volume_capability.access_mode.mode in READ_ONLY_MODES
 
 
 class NodeService(csi_pb2_grpc.NodeServicer):
@@ -70,23 +63,27 @@ class NodeService(csi_pb2_grpc.NodeServicer):
     @csi_method
     def NodeStageVolume(self, request: csi_pb2.NodeStageVolumeRequest
                         ) -> csi_pb2.NodeStageVolumeResponse:
-        volume_id = _required(request.volume_id, "volume_id")
+        volume_id = required(request.volume_id, "volume_id")
         staging_path = _absolute_path(request.staging_target_path, "staging_target_path")
-        read_only = _check_capability(request)
+        spec = self._spec(request, _check_capability(request))
+        credentials = parse_credentials(request.secrets)
+        self._volumes.stage(volume_id, staging_path, spec, credentials)
+        return csi_pb2.NodeStageVolumeResponse()
+
+    def _spec(self, request, read_only: bool) -> VolumeSpec:
+        """The volume a stage (or an inline publish) asks for, refused if it is not allowed."""
         spec, _ = parse_volume_context(request.volume_context, read_only)
         spec = with_mount_group(spec, request.volume_capability.mount.volume_mount_group)
         if not self._allow_file_sources and any(url.startswith("file:") for url in spec.urls()):
             raise invalid_argument("file:// sources are disabled on this node (they would serve "
                                    "the plugin's own filesystem); start the plugin with "
                                    "--allow-file-sources to enable them")
-        credentials = parse_credentials(request.secrets)
-        self._volumes.stage(volume_id, staging_path, spec, credentials)
-        return csi_pb2.NodeStageVolumeResponse()
+        return spec
 
     @csi_method
     def NodeUnstageVolume(self, request: csi_pb2.NodeUnstageVolumeRequest
                           ) -> csi_pb2.NodeUnstageVolumeResponse:
-        volume_id = _required(request.volume_id, "volume_id")
+        volume_id = required(request.volume_id, "volume_id")
         staging_path = _absolute_path(request.staging_target_path, "staging_target_path")
         self._volumes.unstage(volume_id, staging_path)
         return csi_pb2.NodeUnstageVolumeResponse()
@@ -94,13 +91,18 @@ class NodeService(csi_pb2_grpc.NodeServicer):
     @csi_method
     def NodePublishVolume(self, request: csi_pb2.NodePublishVolumeRequest
                           ) -> csi_pb2.NodePublishVolumeResponse:
-        volume_id = _required(request.volume_id, "volume_id")
+        volume_id = required(request.volume_id, "volume_id")
         target_path = _absolute_path(request.target_path, "target_path")
-        _check_capability(request)
-        if not request.staging_target_path:
+        read_only = _check_capability(request)
+        if request.volume_context.get(EPHEMERAL) == "true":
+            staging_path = self._volumes.stage_ephemeral(
+                volume_id, self._spec(request, read_only or request.readonly),
+                parse_credentials(request.secrets))
+        elif not request.staging_target_path:
             raise failed_precondition("staging_target_path is required: this plugin has the "
                                       "STAGE_UNSTAGE_VOLUME capability")
-        staging_path = _absolute_path(request.staging_target_path, "staging_target_path")
+        else:
+            staging_path = _absolute_path(request.staging_target_path, "staging_target_path")
         sub_path = request.volume_context.get("subPath", "")
         self._volumes.publish(volume_id, staging_path, target_path, sub_path,
                               request.volume_context, request.readonly,
@@ -110,7 +112,7 @@ class NodeService(csi_pb2_grpc.NodeServicer):
     @csi_method
     def NodeUnpublishVolume(self, request: csi_pb2.NodeUnpublishVolumeRequest
                             ) -> csi_pb2.NodeUnpublishVolumeResponse:
-        volume_id = _required(request.volume_id, "volume_id")
+        volume_id = required(request.volume_id, "volume_id")
         target_path = _absolute_path(request.target_path, "target_path")
         self._volumes.unpublish(volume_id, target_path)
         return csi_pb2.NodeUnpublishVolumeResponse()
@@ -118,8 +120,8 @@ class NodeService(csi_pb2_grpc.NodeServicer):
     @csi_method
     def NodeGetVolumeStats(self, request: csi_pb2.NodeGetVolumeStatsRequest
                            ) -> csi_pb2.NodeGetVolumeStatsResponse:
-        volume_id = _required(request.volume_id, "volume_id")
-        volume_path = _required(request.volume_path, "volume_path")
+        volume_id = required(request.volume_id, "volume_id")
+        volume_path = required(request.volume_path, "volume_path")
         stats = self._volumes.stats(volume_id, volume_path)
         return csi_pb2.NodeGetVolumeStatsResponse(
             usage=[csi_pb2.VolumeUsage(unit=csi_pb2.VolumeUsage.Unit.Value(usage.unit),

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 MASK = "<redacted>"
 QUIET_METHODS = {"Probe", "GetPluginInfo", "GetPluginCapabilities", "NodeGetCapabilities",
-                 "NodeGetInfo", "NodeGetVolumeStats"}
+                 "NodeGetInfo", "NodeGetVolumeStats", "ControllerGetCapabilities"}
 """Called every few seconds by sidecars and kubelet: logged at DEBUG only."""
 
 _Servicer = TypeVar("_Servicer")

@@ -13,6 +13,7 @@ Layout (the directory is root-only, 0700; files are 0600):
     volumes/<volume key>/credentials.json    the stage secrets, needed to restart the daemon
     volumes/<volume key>/namespace.yaml      avafs config for a `namespace` volume
     volumes/<volume key>/targets/<key>.json  TargetRecord, one per published target path
+    ephemeral/<volume key>/                   the staging mount of an inline (ephemeral) volume
 
 Kubelet sends secrets with NodeStageVolume only, never again, so a daemon restarted during
 recovery can only get its credentials from `credentials.json`; that file is the single place
@@ -96,6 +97,7 @@ class StateDir:
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(root, 0o700)
         self._volumes = root / "volumes"
+        self._ephemeral = root / "ephemeral"
 
     def _volume_dir(self, volume_id: str) -> Path:
         return self._volumes / path_key(volume_id)
@@ -139,6 +141,14 @@ class StateDir:
 
     def delete_volume(self, volume_id: str) -> None:
         shutil.rmtree(self._volume_dir(volume_id), ignore_errors=True)
+
+    def ephemeral_staging_path(self, volume_id: str) -> str:
+        """Where the plugin stages an inline volume itself: kubelet stages only persistent
+        volumes, and gives an inline one no staging path."""
+        return str(self._ephemeral / path_key(volume_id))
+
+    def is_ephemeral(self, record: VolumeRecord) -> bool:
+        return Path(record.staging_path).parent == self._ephemeral
 
     def _target_file(self, volume_id: str, target_path: str) -> Path:
         return self._volume_dir(volume_id) / "targets" / f"{path_key(target_path)}.json"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -110,8 +111,9 @@ class VolumeManager:
             self._state.delete_volume(volume_id)
             log.info("volume %s unstaged from %s", volume_id, staging_path)
 
-    def _unmount_staged(self, record: VolumeRecord) -> None:
-        """Unmount through the daemon, so its pending writes reach the bucket first.
+    def _unmount_staged(self, record: VolumeRecord) -> bool:
+        """Unmount through the daemon, so its pending writes reach the bucket first; whether
+        they did (False leaves them in the cache dir, for the next mount to upload).
 
         A dead mount is brought back before it is unmounted: the new daemon replays the
         journal of writes the dead one had acknowledged but not yet uploaded.
@@ -135,6 +137,26 @@ class VolumeManager:
         elif mount_at(record.staging_path) is not None:
             detach(record.staging_path)
         kill_daemon(record.cache_dir)
+        return health is Health.HEALTHY
+
+    def stage_ephemeral(self, volume_id: str, spec: VolumeSpec,
+                        credentials: Credentials | None) -> str:
+        """Stage an inline volume at the plugin's own staging path, which this returns."""
+        staging_path = self._state.ephemeral_staging_path(volume_id)
+        os.makedirs(staging_path, mode=0o700, exist_ok=True)
+        self.stage(volume_id, staging_path, spec, credentials)
+        return staging_path
+
+    def _release_ephemeral(self, record: VolumeRecord) -> None:
+        """An inline volume lives as long as its one pod: unmount it when its last target
+        goes, and drop its cache, since no later pod has the same volume id."""
+        flushed = self._unmount_staged(record)
+        self._state.delete_volume(record.volume_id)
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(record.staging_path)
+        if flushed:
+            shutil.rmtree(record.cache_dir, ignore_errors=True)
+        log.info("inline volume %s released", record.volume_id)
 
     def publish(self, volume_id: str, staging_path: str, target_path: str, sub_path: str,
                 volume_context: Mapping[str, str], readonly: bool, mount_group: str = "") -> None:
@@ -194,6 +216,13 @@ class VolumeManager:
         with self._locked(volume_id):
             self._remove_target(volume_id, target_path)
             log.info("volume %s unpublished from %s", volume_id, target_path)
+            self._release_if_unused_ephemeral(volume_id)
+
+    def _release_if_unused_ephemeral(self, volume_id: str) -> None:
+        record = self._state.volume(volume_id)
+        if record is not None and self._state.is_ephemeral(record) \
+                and not self._state.targets(volume_id):
+            self._release_ephemeral(record)
 
     def _remove_target(self, volume_id: str, target_path: str) -> None:
         if mount_at(target_path) is not None:
@@ -266,3 +295,4 @@ class VolumeManager:
                 continue
             log.log(logging.DEBUG if outcome == "adopted" else logging.WARNING,
                     "volume %s target %s: %s", record.volume_id, target.target_path, outcome)
+        self._release_if_unused_ephemeral(record.volume_id)

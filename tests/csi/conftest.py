@@ -101,7 +101,8 @@ def release_everything_under(root: Path) -> None:
 class DriverProcess:
     """`python -m csi_driver` with its socket, state dir and log under one directory."""
 
-    def __init__(self, root: Path, repair_interval: float, allow_file_sources: bool = True) -> None:
+    def __init__(self, root: Path, repair_interval: float, allow_file_sources: bool = True,
+                 mode: str = "node") -> None:
         self.root = root
         self.socket = root / "csi.sock"
         self.state_dir = root / "state"
@@ -109,6 +110,7 @@ class DriverProcess:
         self.log_path = root / "driver.log"
         self.repair_interval = repair_interval
         self.allow_file_sources = allow_file_sources
+        self.mode = mode
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -116,7 +118,7 @@ class DriverProcess:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "csi_driver", "--endpoint", f"unix://{self.socket}",
-                 "--node-id", "node-1", "--state-dir", str(self.state_dir),
+                 "--mode", self.mode, "--node-id", "node-1", "--state-dir", str(self.state_dir),
                  "--max-volumes-per-node", "16", "--log-level", "debug",
                  "--repair-interval", str(self.repair_interval),
                  *(["--allow-file-sources"] if self.allow_file_sources else [])],
@@ -169,6 +171,7 @@ class Kubelet:
         self.channel = grpc.insecure_channel(f"unix://{socket}")
         self.identity = csi_pb2_grpc.IdentityStub(self.channel)
         self.node = csi_pb2_grpc.NodeStub(self.channel)
+        self.controller = csi_pb2_grpc.ControllerStub(self.channel)
 
     def staging_path(self, volume_id: str) -> Path:
         """Kubelet creates the staging directory itself before NodeStageVolume."""
@@ -260,11 +263,13 @@ def node_root(tmp_path: Path) -> Iterator[Path]:
 
 @pytest.fixture
 def start_driver(node_root: Path) -> Iterator[Callable[..., DriverProcess]]:
-    """start_driver(repair_interval=0) starts a driver (again) on this node's state dir."""
+    """start_driver(repair_interval=0) starts a driver (again) on this node's state dir;
+    `mode="all"` adds the Controller service."""
     started: list[DriverProcess] = []
 
-    def start(repair_interval: float = 0, allow_file_sources: bool = True) -> DriverProcess:
-        driver = DriverProcess(node_root / "driver", repair_interval, allow_file_sources)
+    def start(repair_interval: float = 0, allow_file_sources: bool = True,
+              mode: str = "node") -> DriverProcess:
+        driver = DriverProcess(node_root / "driver", repair_interval, allow_file_sources, mode)
         driver.root.mkdir(exist_ok=True)
         started.append(driver)
         driver.start()
@@ -341,11 +346,9 @@ def file_volume(tmp_path: Path) -> dict[str, str]:
     return {"source": f"file://{bucket}", "subPath": "users/alice"}
 
 
-@pytest.fixture(scope="module")
-def shared_kubelet(tmp_path_factory) -> Iterator[Kubelet]:
-    """One driver for a whole module of tests that mount nothing (request checking)."""
+def _shared_driver(tmp_path_factory, mode: str) -> Iterator[Kubelet]:
     root = tmp_path_factory.mktemp("node")
-    driver = DriverProcess(root / "driver", repair_interval=0)
+    driver = DriverProcess(root / "driver", repair_interval=0, mode=mode)
     driver.root.mkdir()
     client = None
     try:
@@ -357,3 +360,15 @@ def shared_kubelet(tmp_path_factory) -> Iterator[Kubelet]:
             client.channel.close()
         driver.stop()
         release_everything_under(root)
+
+
+@pytest.fixture(scope="module")
+def shared_kubelet(tmp_path_factory) -> Iterator[Kubelet]:
+    """One driver for a whole module of tests that mount nothing (request checking)."""
+    yield from _shared_driver(tmp_path_factory, "node")
+
+
+@pytest.fixture(scope="module")
+def shared_all_mode(tmp_path_factory) -> Iterator[Kubelet]:
+    """One driver in `all` mode for a module's request checks."""
+    yield from _shared_driver(tmp_path_factory, "all")

@@ -19,8 +19,10 @@ GOOD = ["--endpoint", "unix:///tmp/csi-cli-test.sock", "--node-id", "node-1"]
     ([*GOOD, "--repair-interval", "often"], "--repair-interval"),
     ([*GOOD, "--log-level", "loud"], "--log-level"),
     (["--endpoint", "unix:///tmp/x.sock", "--node-id", " "], "--node-id"),
+    ([*GOOD, "--mode", "both"], "--mode"),
+    (["--endpoint", "unix:///tmp/x.sock", "--mode", "all"], "--node-id"),
 ], ids=["no endpoint", "no node id", "tcp endpoint", "bad driver name", "negative limit",
-        "bad interval", "bad log level", "blank node id"])
+        "bad interval", "bad log level", "blank node id", "bad mode", "all mode without node id"])
 def test_bad_flags_give_one_line_and_a_non_zero_exit(arguments, named):
     result = subprocess.run([sys.executable, "-m", "csi_driver", *arguments],
                             capture_output=True, text=True, timeout=60)

@@ -21,6 +21,9 @@ import yaml
 from avafs import __version__
 from csi_driver import DEFAULT_DRIVER_NAME
 from csi_driver.__main__ import build_parser
+from csi_driver.capabilities import PROVISIONED_MODES
+from csi_driver.proto import csi_pb2
+from csi_driver.provisioning import RESERVED_PREFIX, parse_parameters
 from csi_driver.volume_spec import parse_credentials, parse_volume_context
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,7 +39,17 @@ MODELS = {
     ("v1", "PersistentVolumeClaim"): "V1PersistentVolumeClaim",
     ("v1", "Pod"): "V1Pod",
     ("batch/v1", "Job"): "V1Job",
+    ("apps/v1", "Deployment"): "V1Deployment",
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"): "V1ClusterRole",
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "V1ClusterRoleBinding",
+    ("rbac.authorization.k8s.io/v1", "Role"): "V1Role",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "V1RoleBinding",
+    ("storage.k8s.io/v1", "StorageClass"): "V1StorageClass",
 }
+ACCESS_MODES = {"ReadWriteOnce": csi_pb2.VolumeCapability.AccessMode.SINGLE_NODE_WRITER,
+                "ReadOnlyMany": csi_pb2.VolumeCapability.AccessMode.MULTI_NODE_READER_ONLY,
+                "ReadWriteMany": csi_pb2.VolumeCapability.AccessMode.MULTI_NODE_MULTI_WRITER}
+"""How the external-provisioner turns a claim's access modes into CSI's."""
 
 
 class _Response:
@@ -72,15 +85,16 @@ def manifests() -> dict[str, list[dict]]:
             for path in sorted(DEPLOY.glob("*.yaml"))}
 
 
-def the(kind: str) -> dict:
-    [document] = [doc for docs in manifests().values() for doc in docs if doc["kind"] == kind]
+def the(kind: str, file: str | None = None) -> dict:
+    """The one document of `kind` (in `file`, where several files have one)."""
+    [document] = [doc for name, docs in manifests().items() for doc in docs
+                  if doc["kind"] == kind and file in (None, name)]
     return document
 
 
 def test_every_document_loads_into_its_kubernetes_model():
     loaded = {name: [load_model(document) for document in documents]
               for name, documents in manifests().items()}
-    assert sum(len(documents) for documents in loaded.values()) == len(MODELS)
     assert {type(model).__name__ for models in loaded.values() for model in models} == set(
         MODELS.values())
 
@@ -99,7 +113,9 @@ def test_csidriver_matches_what_the_plugin_is():
     assert driver["spec"]["attachRequired"] is False
     assert driver["spec"]["podInfoOnMount"] is True
     assert driver["spec"]["fsGroupPolicy"] == "File"  # with the VOLUME_MOUNT_GROUP capability
+    assert driver["spec"]["volumeLifecycleModes"] == ["Persistent", "Ephemeral"]
     assert the("PersistentVolume")["spec"]["csi"]["driver"] == DEFAULT_DRIVER_NAME
+    assert the("StorageClass")["provisioner"] == DEFAULT_DRIVER_NAME
 
 
 def test_daemonset_wires_plugin_sidecars_and_kubelet_together():
@@ -135,7 +151,7 @@ def test_daemonset_wires_plugin_sidecars_and_kubelet_together():
 
 def test_example_volume_is_one_the_plugin_accepts():
     volume = the("PersistentVolume")
-    claim = the("PersistentVolumeClaim")
+    claim = the("PersistentVolumeClaim", "example-pv-pvc.yaml")
     secret = the("Secret")
     csi = volume["spec"]["csi"]
     # A dataset volume: read-only by its access mode, which kubelet hands the plugin.
@@ -148,11 +164,13 @@ def test_example_volume_is_one_the_plugin_accepts():
     assert claim["spec"]["volumeName"] == volume["metadata"]["name"]
     assert volume["spec"]["claimRef"] == {"namespace": claim["metadata"]["namespace"],
                                           "name": claim["metadata"]["name"]}
-    for workload in (the("Pod")["spec"], the("Job")["spec"]["template"]["spec"]):
+    for workload in (the("Pod")["spec"],
+                     the("Job", "example-warmup-job.yaml")["spec"]["template"]["spec"]):
         claims = [v["persistentVolumeClaim"]["claimName"] for v in workload["volumes"]
                   if "persistentVolumeClaim" in v]
         assert claims == [claim["metadata"]["name"]]
-    assert the("Job")["spec"]["template"]["spec"]["containers"][0]["command"][:2] == [
+    assert the("Job", "example-warmup-job.yaml")["spec"]["template"]["spec"]["containers"][0][
+        "command"][:2] == [
         "avafs", "warmup"]
 
 
@@ -192,3 +210,72 @@ def test_readme_build_command_tags_the_image_the_daemonset_runs():
     assert arguments[arguments.index("-f") + 1] == "csi_driver/deploy/Dockerfile"
     image = the("DaemonSet")["spec"]["template"]["spec"]["containers"][0]["image"]
     assert arguments[arguments.index("-t") + 1] == image
+
+
+def test_controller_deployment_wires_plugin_and_provisioner_together():
+    deployment = the("Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    containers = {container["name"]: container for container in pod["containers"]}
+    plugin = containers["avafs-csi-plugin"]
+    arguments = build_parser().parse_args(plugin["args"])
+    assert arguments.mode == "controller"
+    assert plugin["image"] == f"avafs-csi:{__version__}"
+    assert "securityContext" not in plugin  # mounts nothing: not privileged
+    [mount] = plugin["volumeMounts"]
+    in_container = Path(mount["mountPath"]) / "csi.sock"
+    assert arguments.endpoint == in_container
+    for sidecar in ("csi-provisioner", "liveness-probe"):
+        assert f"--csi-address={in_container}" in containers[sidecar]["args"]
+        assert containers[sidecar]["volumeMounts"] == [mount]
+    provisioner = containers["csi-provisioner"]["args"]
+    assert "--leader-election" in provisioner
+    assert (f"--leader-election-namespace={deployment['metadata']['namespace']}"
+            in provisioner)
+    health_port = next(a for a in containers["liveness-probe"]["args"] if "health-port" in a)
+    [port] = plugin["ports"]
+    assert health_port == f"--health-port={port['containerPort']}"
+
+
+def test_provisioner_rbac_grants_what_the_external_provisioner_uses():
+    account = the("ServiceAccount", "controller-rbac.yaml")
+    assert the("Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == \
+        account["metadata"]["name"]
+    subject = {"kind": "ServiceAccount", "name": account["metadata"]["name"],
+               "namespace": account["metadata"]["namespace"]}
+    for binding, role in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
+        assert the(binding)["subjects"] == [subject]
+        assert the(binding)["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
+                                           "kind": role, "name": the(role)["metadata"]["name"]}
+    granted = {(group, resource, verb) for rule in the("ClusterRole")["rules"]
+               for group in rule["apiGroups"] for resource in rule["resources"]
+               for verb in rule["verbs"]}
+    needed = {("", "persistentvolumes", verb) for verb in ("create", "delete", "watch")} | {
+        ("", "persistentvolumeclaims", "update"), ("storage.k8s.io", "storageclasses", "get"),
+        ("", "secrets", "get"), ("", "events", "create")}
+    assert needed <= granted
+    assert ("coordination.k8s.io", "leases") in {
+        (group, resource) for rule in the("Role")["rules"] for group in rule["apiGroups"]
+        for resource in rule["resources"]}
+    assert the("Role")["metadata"]["namespace"] == the("Deployment")["metadata"]["namespace"]
+
+
+def test_storage_class_claim_and_job_agree_with_the_controller():
+    storage_class = the("StorageClass")
+    parameters = storage_class["parameters"]
+    parsed = parse_parameters(parameters)
+    assert parsed.reclaim == "delete"
+    secret = the("Secret")
+    for use in ("provisioner", "node-stage"):
+        assert parameters[f"{RESERVED_PREFIX}{use}-secret-name"] == secret["metadata"]["name"]
+        assert parameters[f"{RESERVED_PREFIX}{use}-secret-namespace"] == \
+            secret["metadata"]["namespace"]
+    claim = the("PersistentVolumeClaim", "example-dynamic-job.yaml")
+    assert claim["spec"]["storageClassName"] == storage_class["metadata"]["name"]
+    assert {ACCESS_MODES[mode] for mode in claim["spec"]["accessModes"]} <= PROVISIONED_MODES
+    job = the("Job", "example-dynamic-job.yaml")
+    assert job["metadata"]["namespace"] == claim["metadata"]["namespace"]
+    [volume] = job["spec"]["template"]["spec"]["volumes"]
+    assert volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    [mount] = job["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+    assert mount["name"] == volume["name"]
+    assert mount["mountPropagation"] == "HostToContainer"

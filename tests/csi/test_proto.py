@@ -35,12 +35,33 @@ SPEC_FIELDS = {
     "NodeServiceCapability": {"rpc": 1},
     "NodeServiceCapability.RPC": {"type": 1},
     "NodeGetInfoResponse": {"node_id": 1, "max_volumes_per_node": 2, "accessible_topology": 3},
+    # The Controller messages, without the alpha and topology fields left out on purpose.
+    "CreateVolumeRequest": {"name": 1, "capacity_range": 2, "volume_capabilities": 3,
+                            "parameters": 4, "secrets": 5, "volume_content_source": 6},
+    "VolumeContentSource": {"snapshot": 1, "volume": 2},
+    "VolumeContentSource.SnapshotSource": {"snapshot_id": 1},
+    "VolumeContentSource.VolumeSource": {"volume_id": 1},
+    "CreateVolumeResponse": {"volume": 1},
+    "CapacityRange": {"required_bytes": 1, "limit_bytes": 2},
+    "Volume": {"capacity_bytes": 1, "volume_id": 2, "volume_context": 3, "content_source": 4},
+    "DeleteVolumeRequest": {"volume_id": 1, "secrets": 2},
+    "ValidateVolumeCapabilitiesRequest": {"volume_id": 1, "volume_context": 2,
+                                          "volume_capabilities": 3, "parameters": 4,
+                                          "secrets": 5},
+    "ValidateVolumeCapabilitiesResponse": {"confirmed": 1, "message": 2},
+    "ValidateVolumeCapabilitiesResponse.Confirmed": {"volume_context": 1,
+                                                     "volume_capabilities": 2,
+                                                     "parameters": 3},
+    "ControllerGetCapabilitiesResponse": {"capabilities": 1},
+    "ControllerServiceCapability": {"rpc": 1},
+    "ControllerServiceCapability.RPC": {"type": 1},
 }
 EMPTY_MESSAGES = ["GetPluginInfoRequest", "GetPluginCapabilitiesRequest", "ProbeRequest",
                   "VolumeCapability.BlockVolume", "NodeStageVolumeResponse",
                   "NodeUnstageVolumeResponse", "NodePublishVolumeResponse",
                   "NodeUnpublishVolumeResponse", "NodeGetCapabilitiesRequest",
-                  "NodeGetInfoRequest"]
+                  "NodeGetInfoRequest", "DeleteVolumeResponse",
+                  "ControllerGetCapabilitiesRequest"]
 SPEC_ENUMS = {
     "PluginCapability.Service.Type": {"UNKNOWN": 0, "CONTROLLER_SERVICE": 1,
                                       "VOLUME_ACCESSIBILITY_CONSTRAINTS": 2,
@@ -59,9 +80,18 @@ SPEC_ENUMS = {
                                        "GET_VOLUME_STATS": 2, "EXPAND_VOLUME": 3,
                                        "VOLUME_CONDITION": 4, "SINGLE_NODE_MULTI_WRITER": 5,
                                        "VOLUME_MOUNT_GROUP": 6},
+    "ControllerServiceCapability.RPC.Type": {
+        "UNKNOWN": 0, "CREATE_DELETE_VOLUME": 1, "PUBLISH_UNPUBLISH_VOLUME": 2,
+        "LIST_VOLUMES": 3, "GET_CAPACITY": 4, "CREATE_DELETE_SNAPSHOT": 5, "LIST_SNAPSHOTS": 6,
+        "CLONE_VOLUME": 7, "PUBLISH_READONLY": 8, "EXPAND_VOLUME": 9,
+        "LIST_VOLUMES_PUBLISHED_NODES": 10, "VOLUME_CONDITION": 11, "GET_VOLUME": 12,
+        "SINGLE_NODE_MULTI_WRITER": 13, "MODIFY_VOLUME": 14},
 }
 SPEC_METHODS = {
     "Identity": ["GetPluginInfo", "GetPluginCapabilities", "Probe"],
+    # The specification's order, without the RPCs left out on purpose.
+    "Controller": ["CreateVolume", "DeleteVolume", "ValidateVolumeCapabilities",
+                   "ControllerGetCapabilities"],
     "Node": ["NodeStageVolume", "NodeUnstageVolume", "NodePublishVolume", "NodeUnpublishVolume",
              "NodeGetVolumeStats", "NodeGetCapabilities", "NodeGetInfo"],
 }
@@ -107,7 +137,9 @@ def test_secrets_fields_are_marked_csi_secret_with_the_specifications_extension_
               for field in message.fields
               if field.GetOptions().Extensions[csi_pb2.csi_secret]}
     assert marked == {("NodeStageVolumeRequest", "secrets"),
-                      ("NodePublishVolumeRequest", "secrets")}
+                      ("NodePublishVolumeRequest", "secrets"), ("CreateVolumeRequest", "secrets"),
+                      ("DeleteVolumeRequest", "secrets"),
+                      ("ValidateVolumeCapabilitiesRequest", "secrets")}
 
 
 def test_readonly_and_secrets_travel_under_the_specifications_tags():
