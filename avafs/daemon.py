@@ -40,7 +40,7 @@ from .config.cache_dir import (
 )
 from .config.free_space import disk_cache_warning
 from .config.options import MountOptions
-from .control.socket import SOCKET_NAME, ControlServer, Progress
+from .control.server import ControlServer
 from .control.status import RecentErrors, build_status
 from .errors import NEW_OBJECTS_HINT, AvafsError
 from .fuse_ops import AvafsOperations
@@ -48,6 +48,7 @@ from .host.mounts import AVAFS_FSTYPE, device_mounted, mount_at, wait_until_unmo
 from .log_format import EscapingFormatter
 from .metrics import Metrics
 from .namespace import Namespace
+from .reader.control_socket import SOCKET_NAME, Progress
 from .stores import ObjectInfo, ObjectStore, StoreLimits, open_cluster_bucket, open_store
 from .stores.instrumented import InstrumentedStore
 from .tiers.cluster import ClusterTier
