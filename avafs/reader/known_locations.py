@@ -2,8 +2,9 @@
 
 The daemon's in-place answers (`Client.read_files`) may be kept while its generation counter
 (a file of the cache dir, mapped here, see `avafs/batch_reads/generation.py`) stays where it
-was and for the seconds each answer allows. A repeated epoch of tiny one-file samples then costs the reader an
-open and a read per sample, as from local disk, instead of a round trip through the daemon.
+was and for the seconds each answer allows. A repeated epoch of tiny one-file samples then
+costs the reader an open and a read per sample, as from local disk, instead of a round trip
+through the daemon.
 
 One table per cache dir and process, shared by every Client of that mount in the process (the
 adapters make one per epoch); a DataLoader worker keeps it for as long as it lives. A process
