@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from avafs.warmup.manifest import ManifestError
+from avafs.reader.manifest import ManifestError
 
 __all__ = ["EmptyDatasetError", "ManifestError", "ShardFormatError"]
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from adapters.errors import EmptyDatasetError, ManifestError
 from adapters.mounts import client_for
-from avafs.warmup.manifest import read_manifest
+from avafs.reader.manifest import read_manifest
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from .batch_reads.reader_table import KnownLocations, known_locations
-from .control.socket import Connection, call
 from .errors import NEW_OBJECTS_HINT, AvafsError
 from .host.mounts import AVAFS_FSTYPE, containing_mount, is_dead, mount_at
-from .warmup.manifest import ManifestError, read_manifest
+from .reader.control_socket import Connection, call
+from .reader.known_locations import KnownLocations, known_locations
+from .reader.manifest import ManifestError, read_manifest
 
 CONTROL_XATTR = "user.avafs.control"
 
@@ -175,7 +175,7 @@ class Client:
 
         Files the daemon's disk tier holds are read here, in place, from the cache dir (a
         short-circuit read): the daemon only looks them up, and this process remembers where
-        they were for as long as the daemon allows (`reader_table.py`), so reading them again
+        they were for as long as the daemon allows (`known_locations.py`), so reading them again
         needs no request; nor does a file the daemon told another reader about, through its
         snapshot. One evicted meanwhile is asked for again; a cache dir this process cannot
         read (another mount namespace, other user) turns in-place reads off for this client."""

@@ -25,7 +25,7 @@ import prometheus_client
 import uvloop
 
 from .batch_reads.generation import InPlaceWatch
-from .batch_reads.serve import KEEP_LOCATIONS_FOR, FileReads
+from .batch_reads.serve import KEEP_LOCATIONS_FOR
 from .batch_reads.snapshot import LocationSnapshot
 from .config.cache_dir import (
     DISK_TIER_DIR,
@@ -40,26 +40,27 @@ from .config.cache_dir import (
 )
 from .config.free_space import disk_cache_warning
 from .config.options import MountOptions
-from .control.socket import SOCKET_NAME, ControlServer, Progress
-from .control.status import RecentErrors, build_status
-from .errors import NEW_OBJECTS_HINT, AvafsError
+from .control.operations import ControlOperations
+from .control.server import ControlServer
+from .control.status import RecentErrors
+from .errors import AvafsError
 from .fuse import AvafsOperations
 from .host.mounts import AVAFS_FSTYPE, device_mounted, mount_at, wait_until_unmounted
 from .log_format import EscapingFormatter
 from .metrics import Metrics
 from .namespace import Namespace
+from .reader.control_socket import SOCKET_NAME
 from .stores import ObjectInfo, ObjectStore, StoreLimits, open_cluster_bucket, open_store
 from .stores.instrumented import InstrumentedStore
 from .tiers.cluster import ClusterTier
 from .tiers.disk import DiskTier
 from .tiers.ram import RamTier
 from .tiers.stack import TierStack
-from .warmup.runner import Prefetcher, WarmupRunner, expand
+from .warmup.runner import Prefetcher, WarmupRunner
 from .writeback.cluster.coordination import Etcd
 from .writeback.cluster.queue import ClusterQueue, cluster_id
 from .writeback.cluster.takeover import ClusterMember
 from .writeback.manager import WriteBack
-from .writeback.pending import Pending
 from .writeback.uploader import Uploader
 
 log = logging.getLogger("avafs")
@@ -93,8 +94,8 @@ def lock_cache_dir(cache_dir: Path, exits: ExitStack) -> None:
 
 
 class Filesystem:
-    """The data path of one mount, top to bottom (docs/ARCHITECTURE.md, "Layers"), and its control
-    plane."""
+    """The data path of one mount, top to bottom (docs/ARCHITECTURE.md, "Layers"), and the
+    control socket that answers for it (its operations: `avafs/control/operations.py`)."""
 
     def __init__(self, options: MountOptions, mountpoint: Path) -> None:
         self.options = options
@@ -156,21 +157,7 @@ class Filesystem:
                                           {"pid": str(self.pid),
                                            "cache_dir": str(options.cache_dir),
                                            "control": str(control_socket)})
-        self.control = ControlServer(control_socket, {
-            "status": lambda request, progress: build_status(self),
-            "warmup": self._warmup,
-            "prefetch": lambda request, progress: {
-                "queued": self.prefetcher.submit(request["items"])},
-            "evict": self._evict,
-            "flush": self._flush,
-            "refresh": self._refresh,
-            "check": lambda request, progress: self.warmups.check(
-                request["items"], str(request.get("tier", "disk"))),
-            "read": FileReads(self.namespace, self.stack, self.writeback, self.in_place,
-                              self.locations).handle,
-            "list": self._list,
-            "cached": self._cached,
-        })
+        self.control = ControlServer(control_socket, ControlOperations(self).handlers)
         if options.metrics_addr:
             host, port = options.metrics_addr
             prometheus_client.start_http_server(port, host, registry=self.metrics.exported)
@@ -242,72 +229,6 @@ class Filesystem:
         if self.writeback is None:
             return {"bytes": 0, "files": 0, "upload_queue": 0, "uploading": 0, "set_aside": []}
         return self.writeback.status()
-
-    def _flush(self, request: dict, progress: Progress) -> dict:
-        if self.writeback is None:
-            return self.dirty_status()
-        selects = None
-        if "path" in request:
-            try:
-                source, key, info = self.namespace.resolve(request["path"])
-            except IsADirectoryError:  # the root of a mount of several sources: everything
-                source, key, info = "", "", None
-            except FileNotFoundError:
-                raise AvafsError(f"cannot flush {request['path']}: not found in the mount") \
-                    from None
-            if source or key:
-                def selects(entry: Pending) -> bool:
-                    return entry.source == source and (
-                        entry.key == key if info is not None else entry.key.startswith(key))
-        return self.writeback.flush(progress, selects, request.get("limit"))
-
-    def _refresh(self, request: dict, progress: Progress) -> dict:
-        """Forgets cached listings and attributes under a path, the kernel's included.
-
-        The kernel's entries are invalidated before the answer goes back, so a read right after
-        `avafs refresh` finds what is new. Waiting is safe here: this runs on a control-socket
-        thread, not in a FUSE request, and holds no lock a FUSE request takes."""
-        import pyfuse3
-
-        entries = self.namespace.refresh(request["path"])
-        for parent, name in entries:
-            with suppress(FileNotFoundError):
-                pyfuse3.invalidate_entry(parent, os.fsencode(name))
-        return {"entries": len(entries)}
-
-    def _warmup(self, request: dict, progress: Progress) -> dict:
-        job = self.warmups.start(request["items"], int(request.get("threads", 8)),
-                                 str(request.get("tier", "disk")))
-        if not request.get("background"):
-            while job.finished_at is None:
-                progress(job.as_dict())
-                self.warmups.wait(job, 0.5)
-        return job.as_dict()
-
-    def _list(self, request: dict, progress: Progress) -> dict:
-        path = request["path"]
-        try:
-            return {"files": self.namespace.files_under(path)}
-        except (FileNotFoundError, NotADirectoryError) as error:
-            hint = f" ({NEW_OBJECTS_HINT})" if isinstance(error, FileNotFoundError) else ""
-            raise AvafsError(f"cannot list {path or '/'} in the mount: "
-                             f"{error.__class__.__name__}{hint}") from None
-
-    def _cached(self, request: dict, progress: Progress) -> dict:
-        """For each item, the share of its blocks the cache holds (None: not found)."""
-        shares = []
-        for item in request["items"]:
-            targets = expand(self.namespace, [item], [])
-            shares.append(self.stack.cached_share([target.ref for target in targets])
-                          if targets else None)
-        return {"shares": shares}
-
-    def _evict(self, request: dict, progress: Progress) -> dict:
-        failures: list[tuple[str, str]] = []
-        targets = expand(self.namespace, request["items"], failures)
-        blocks = sum(self.stack.evict(target.ref.source, target.ref.key) for target in targets)
-        return {"files": len(targets), "blocks": blocks,
-                "failures": [{"path": path, "error": error} for path, error in failures]}
 
     def close(self) -> None:
         """Stop uploading (what is pending stays journaled for the next mount) and close."""

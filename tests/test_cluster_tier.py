@@ -28,7 +28,8 @@ from avafs.stores.s3.cluster_bucket import ClusterBucket, open_cluster_bucket
 from avafs.tiers.cluster import ClusterTier
 from avafs.tiers.disk import DiskTier
 from avafs.tiers.ram import RamTier
-from avafs.tiers.stack import CLUSTER_PIECE, TierStack
+from avafs.tiers.stack import TierStack
+from avafs.tiers.streams import CLUSTER_PIECE
 from bench.servers.seaweed import SeaweedCluster
 
 BLOCK = 256 * 1024
@@ -135,7 +136,7 @@ def test_streamed_runs_go_through_the_cluster_tier(nodes):
     first, second = nodes(), nodes()
     for node in (first, second):
         ref = node.ref("big")
-        assert node.stack.stream(ref, 0, BLOCKS) == BLOCKS
+        assert node.stack.streams.stream(ref, 0, BLOCKS) == BLOCKS
         assert node.stack.read(ref, 0, len(data)) == data
         node.drain()
     assert first.count("cluster_fills") == BLOCKS

@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from avafs.batch_reads import reader_table as known_module
 from avafs.batch_reads.generation import InPlaceWatch
-from avafs.batch_reads.reader_table import known_locations
 from avafs.batch_reads.snapshot import LocationSnapshot
 from avafs.config.cache_dir import LOCATIONS_FILE
+from avafs.reader import known_locations as known_module
+from avafs.reader.known_locations import known_locations
 
 ANSWER = {"data/a.bin": ("disk/blocks/ab/abcd", 10)}
 

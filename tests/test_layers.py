@@ -24,7 +24,7 @@ LAYERS: list[list[str]] = [
     ["avafs.writeback", "avafs.tiers"],
     ["avafs.objects"],
     ["avafs.stores"],
-    ["avafs.control.socket", "avafs.warmup.manifest", "avafs.batch_reads.reader_table"],
+    ["avafs.reader"],
     ["avafs.config", "avafs.host"],
     ["avafs.errors", "avafs.log_format", "avafs.metrics", "avafs"],
 ]

@@ -14,7 +14,7 @@ import pytest
 from sample_data import Bucket, payload, sha256
 
 from avafs.client import Client
-from avafs.tiers.stack import STREAM_PIECE
+from avafs.tiers.streams import STREAM_PIECE
 
 MiB = 2**20
 

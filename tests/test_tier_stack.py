@@ -23,7 +23,8 @@ from avafs.stores.instrumented import InstrumentedStore
 from avafs.stores.local import LocalStore
 from avafs.tiers.disk import DiskTier
 from avafs.tiers.ram import RamTier
-from avafs.tiers.stack import WRITE_BEHIND_BLOCKS, TierStack
+from avafs.tiers.stack import TierStack
+from avafs.tiers.write_behind import WRITE_BEHIND_BLOCKS
 
 BLOCK = 64 * 1024
 BLOCKS = 12
@@ -89,7 +90,7 @@ def _wait_in_ram(stack: TierStack, ref: ObjectRef) -> None:
 
 
 def test_stream_of_missing_blocks_is_one_request(stack, ref):
-    assert stack.stream(ref, 0, BLOCKS) == BLOCKS
+    assert stack.streams.stream(ref, 0, BLOCKS) == BLOCKS
     _wait_in_ram(stack, ref)
     assert _gets(stack) == 1
 
@@ -100,7 +101,7 @@ def test_stream_promotes_disk_only_blocks_to_ram(stack, ref):
     assert not any(stack.is_cached(ref, index, "ram") for index in range(BLOCKS))
     requests = _gets(stack)
 
-    assert stack.stream(ref, 0, BLOCKS) == BLOCKS
+    assert stack.streams.stream(ref, 0, BLOCKS) == BLOCKS
     _wait_in_ram(stack, ref)
 
     assert stack.metrics.value(stack.metrics.hits, "disk") == BLOCKS
@@ -143,7 +144,7 @@ def test_blocks_asked_for_in_ram_stay_when_a_reader_passes_them(stack, ref):
     """Warmups and prefetch hints into RAM (`load(to_ram=True)`) keep their blocks there,
     whether the block was loaded for them or had come in with a reader's stream."""
     stack.load(ref, 0, to_ram=True)
-    assert stack.stream(ref, 1, 2) == 3
+    assert stack.streams.stream(ref, 1, 2) == 3
     deadline = time.monotonic() + 10
     while not (stack.is_cached(ref, 1, "ram") and stack.is_cached(ref, 2, "ram")):
         assert time.monotonic() < deadline, "the stream never brought its blocks"
@@ -161,7 +162,7 @@ def test_stream_mixes_promotion_and_one_request_for_the_gap(stack, ref):
         stack.load(ref, index, to_ram=False)
     requests = _gets(stack)
 
-    assert stack.stream(ref, 0, BLOCKS) == BLOCKS
+    assert stack.streams.stream(ref, 0, BLOCKS) == BLOCKS
     _wait_in_ram(stack, ref)
 
     assert stack.metrics.value(stack.metrics.hits, "disk") == BLOCKS // 2
@@ -188,7 +189,7 @@ def test_a_stream_reads_on_while_the_disk_is_behind_but_only_so_far(tmp_path, re
     disk = _disk(tmp_path / "gated-disk", _GatedDiskTier)
     stack = _stack_over(disk)
     try:
-        assert stack.stream(ref, 0, BLOCKS) == BLOCKS
+        assert stack.streams.stream(ref, 0, BLOCKS) == BLOCKS
         # Readers get a block before its disk write is taken in; the stream then waits.
         held = WRITE_BEHIND_BLOCKS + 1
         deadline = time.monotonic() + 10
@@ -211,7 +212,7 @@ def test_a_stream_reads_on_while_the_disk_is_behind_but_only_so_far(tmp_path, re
 def test_streamed_blocks_are_on_disk_after_close(tmp_path, ref):
     root = tmp_path / "own-disk"
     stack = _stack_over(_disk(root))
-    assert stack.stream(ref, 0, BLOCKS) == BLOCKS
+    assert stack.streams.stream(ref, 0, BLOCKS) == BLOCKS
     _wait_in_ram(stack, ref)
     stack.close()
 

@@ -1,4 +1,4 @@
-"""The daemon's side of readers that remember where files' blocks are (`reader_table.py`).
+"""The daemon's side of readers that remember where files' blocks are (`known_locations.py`).
 
 A reader told that a file is in a given block file may read that block file again without
 asking, for as long as asking would give the same answer. The answer changes when a pending
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..config.cache_dir import GENERATION_FILE
 from ..objects import parent_prefix
-from .reader_table import CLOSED, GENERATION
+from ..reader.known_locations import CLOSED, GENERATION
 
 
 class InPlaceWatch:

@@ -17,10 +17,10 @@ import time
 from typing import Any
 
 from ..config.cache_dir import DISK_TIER_DIR
-from ..control.socket import WithPayload
 from ..errors import AvafsError, ObjectChangedError
 from ..namespace import Namespace
 from ..objects import ObjectRef, parent_prefix
+from ..reader.control_socket import WithPayload
 from ..tiers.stack import TierStack
 from ..writeback.manager import WriteBack
 from ..writeback.pending import DATA, Pending

@@ -1,7 +1,7 @@
 """The daemon's in-place answers, kept in a file of the cache dir for reader processes to come.
 
 Why: a DataLoader's workers are new processes every epoch unless `persistent_workers=True`, so
-their tables of remembered locations (`reader_table.py`) start empty, and every warm sample
+their tables of remembered locations (`known_locations.py`) start empty, and every warm sample
 would cost a request again although the last epoch's workers were told where it is. A reader
 that misses loads this file instead: a fresh worker learns where the whole warm dataset is in
 one read of a file in the page cache, not a request per batch.
@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from .reader_table import CLOSED, SNAPSHOT_FORMAT, Location, remember
+from ..reader.known_locations import CLOSED, SNAPSHOT_FORMAT, Location, remember
 
 log = logging.getLogger(__name__)
 

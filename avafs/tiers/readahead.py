@@ -2,7 +2,7 @@
 
 Sequential readers get streams of blocks ahead of them, started before the read that needs the
 first of them, so even a file's first block comes with its successors in one stream. Random
-readers fetch only the blocks they touch. The tier stack owns the mechanism (`TierStack.stream`
+readers fetch only the blocks they touch. The mechanism is `streams.py` (`Streams.stream`
 starts the GETs and says how far it got); this object keeps the one reader's position and
 decides what to ask for, and is driven only by `TierStack.read_async`, on the FUSE loop, so it
 needs no lock.

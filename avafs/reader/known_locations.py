@@ -1,14 +1,16 @@
 """Where a reader process last found files' blocks, so a warm batch needs no request at all.
 
 The daemon's in-place answers (`Client.read_files`) may be kept while its generation counter
-(a file of the cache dir, mapped here, see `generation.py`) stays where it was and for the
-seconds each answer allows. A repeated epoch of tiny one-file samples then costs the reader an
-open and a read per sample, as from local disk, instead of a round trip through the daemon.
+(a file of the cache dir, mapped here, see `avafs/batch_reads/generation.py`) stays where it
+was and for the seconds each answer allows. A repeated epoch of tiny one-file samples then
+costs the reader an open and a read per sample, as from local disk, instead of a round trip
+through the daemon.
 
 One table per cache dir and process, shared by every Client of that mount in the process (the
 adapters make one per epoch); a DataLoader worker keeps it for as long as it lives. A process
-that misses takes up the answers the daemon gave other readers (`snapshot.py`), so a
-DataLoader's fresh workers of each epoch start out knowing what the last epoch's learned.
+that misses takes up the answers the daemon gave other readers
+(`avafs/batch_reads/snapshot.py`), so a DataLoader's fresh workers of each epoch start out
+knowing what the last epoch's learned.
 """
 
 from __future__ import annotations

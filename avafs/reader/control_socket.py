@@ -1,21 +1,20 @@
-"""The daemon's control socket: newline-delimited JSON over a Unix socket in the cache dir.
+"""The control socket's wire format, and a reader's end of it: newline-delimited JSON over a
+Unix socket in the cache dir.
 
 A request is one line `{"op": ..., ...}`; the answer is any number of `{"progress": {...}}`
 lines and then one `{"result": {...}}` or `{"error": "one line"}`. A result may announce
 `"payload": N`: N raw bytes follow its line (file contents, which JSON would inflate). A
-connection carries any number of requests, one after the other. The socket is created mode
-0600 inside the cache dir, so only root and the mount's owner can drive the daemon. Paths
-longer than a socket address allows are reached through /proc/self/fd.
+connection carries any number of requests, one after the other. Paths longer than a socket
+address allows are reached through /proc/self/fd. The daemon's end is
+`avafs/control/server.py`; this one is loaded by reader processes, so it imports nothing of
+the data path.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import socket
-import socketserver
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,8 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AvafsError
-
-log = logging.getLogger(__name__)
 
 SOCKET_NAME = "control.sock"
 Progress = Callable[[dict[str, Any]], None]
@@ -38,9 +35,6 @@ class WithPayload:
     payload: list[bytes]
 
 
-Handler = Callable[[dict[str, Any], Progress], "dict[str, Any] | WithPayload"]
-
-
 @contextmanager
 def short_path(path: Path) -> Iterator[str]:
     """A path to `path` that fits in a sockaddr_un (108 bytes), through a directory fd."""
@@ -49,63 +43,6 @@ def short_path(path: Path) -> Iterator[str]:
         yield f"/proc/self/fd/{directory}/{path.name}"
     finally:
         os.close(directory)
-
-
-class _RequestHandler(socketserver.StreamRequestHandler):
-    server: ControlServer
-
-    def handle(self) -> None:
-        for line in self.rfile:
-            try:
-                request = json.loads(line)
-                handler = self.server.handlers.get(request.get("op"))
-                if handler is None:
-                    raise AvafsError(f"unknown control operation {request.get('op')!r}")
-                answer = handler(request, self._send_progress)
-                if isinstance(answer, WithPayload):
-                    self._send({"result": answer.result,
-                                "payload": sum(map(len, answer.payload))}, answer.payload)
-                else:
-                    self._send({"result": answer})
-            except (AvafsError, ValueError, TypeError) as error:
-                self._send({"error": str(error)})
-            except BrokenPipeError:
-                return
-            except Exception as error:  # noqa: BLE001 - the daemon must outlive a bad request
-                log.exception("control request failed")
-                self._send({"error": f"internal error: {error}"})
-
-    def _send_progress(self, progress: dict[str, Any]) -> None:
-        self._send({"progress": progress})
-
-    def _send(self, message: dict[str, Any], payload: list[bytes] = ()) -> None:
-        self.wfile.write(json.dumps(message).encode() + b"\n")
-        self.wfile.writelines(payload)
-        self.wfile.flush()
-
-
-class ControlServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-
-    def __init__(self, path: Path, handlers: dict[str, Handler]) -> None:
-        self.handlers = handlers
-        self.path = path
-        path.unlink(missing_ok=True)
-        old_umask = os.umask(0o077)
-        try:
-            with short_path(path) as address:
-                super().__init__(address, _RequestHandler)
-                os.chmod(address, 0o600)
-        finally:
-            os.umask(old_umask)
-        self._thread = threading.Thread(target=self.serve_forever, daemon=True,
-                                        name="avafs-control")
-        self._thread.start()
-
-    def close(self) -> None:
-        self.shutdown()
-        self.server_close()
-        self.path.unlink(missing_ok=True)
 
 
 class Connection:
