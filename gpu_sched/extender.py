@@ -343,59 +343,117 @@ class Extender:
         return {"Error": ""}
 
     def _bind(self, namespace: str, name: str, uid: str, node: str) -> None:
-        """Bind one pod; a pod the API server already shows bound is never re-placed.
+        """Bind one pod; a pod already bound, by the API server's word or the ledger's, is never
+        re-placed, and GPUs are released only when the API server shows the pod unbound.
 
         A retried bind (kube-scheduler's request timed out after the first one went through) must
         leave the running pod's ledger entry and annotation alone: re-placing it would record
         GPUs for it afresh, and the API server's refusal would then release the GPUs it holds.
+        Its read of the pod may predate the first bind even when it is answered after the first
+        bind settled (a slow API server), so a settled ledger entry for the same pod counts as
+        bound too: settled entries are made only once the API server has shown the binding.
         """
         pod = self.kube.get_pod(namespace, name)
         actual_uid = str((pod.get("metadata") or {}).get("uid") or "")
         if uid and actual_uid and uid != actual_uid:
             raise ObjectError(f"pod {namespace}/{name} is now UID {actual_uid}, not {uid}")
-        bound_to = (pod.get("spec") or {}).get("nodeName")
-        if bound_to == node:
-            log.info("bind %s/%s to %s: already bound there", namespace, name, node)
-            return
-        if bound_to:
-            raise ObjectError(f"pod {namespace}/{name} is already bound to node {bound_to}")
-        request = pod_request(pod)
+        uid = uid or actual_uid
         key = pod_key(pod)
-        if not request.wants_gpu:
-            self.kube.bind_pod(namespace, name, uid, node)
-            self.ledger.record(Assignment(key, uid or actual_uid, node, (), 0, pod_group(pod), 0.0,
-                                          time.monotonic(), request.cpu, request.memory))
+        bound_to = (pod.get("spec") or {}).get("nodeName")
+        if bound_to:
+            self._adopt(pod, key, uid, node)
             return
-        info = self.nodes.lookup([node]).get(node)
-        if info is None:
-            raise ObjectError(f"node {node}: {UNKNOWN_NODE}")
+        request = pod_request(pod)
+        info = None
+        if request.wants_gpu:
+            info = self.nodes.lookup([node]).get(node)
+            if info is None:
+                raise ObjectError(f"node {node}: {UNKNOWN_NODE}")
         with self.ledger.lock:
-            in_flight = self.ledger.get(key)
-            if in_flight is not None and in_flight.settled_at is None:
-                raise ObjectError(f"pod {key} is being bound to node {in_flight.node} already")
-            refusal = self._quota_refusal(pod, request)
-            if refusal:
-                raise ObjectError(refusal)
-            state = self.ledger.node_gpus(info, exclude_pod=key)
-            why = rejection(state, request)
-            placement = self.policy.place(state, request) if why is None else None
-            if placement is None:
-                raise ObjectError(f"node {node}: {why.reason if why else 'no GPUs fit'}")
+            if self._bound_in_ledger(key, uid, node):
+                return
+            placement = None
+            if info is not None:
+                refusal = self._quota_refusal(pod, request)
+                if refusal:
+                    raise ObjectError(refusal)
+                state = self.ledger.node_gpus(info, exclude_pod=key)
+                why = rejection(state, request)
+                placement = self.policy.place(state, request) if why is None else None
+                if placement is None:
+                    raise ObjectError(f"node {node}: {why.reason if why else 'no GPUs fit'}")
             milli_each = request.milli if request.is_shared else MILLI_PER_GPU
-            assignment = Assignment(key, uid or actual_uid, node, placement.gpus, milli_each,
-                                    pod_group(pod), request.gpu_equivalent, cpu=request.cpu,
+            assignment = Assignment(key, uid, node, placement.gpus if placement else (),
+                                    milli_each if placement else 0, pod_group(pod),
+                                    request.gpu_equivalent, cpu=request.cpu,
                                     memory=request.memory)
             self.ledger.record(assignment)
         try:
-            self.kube.annotate_pod(namespace, name, {GPUS_ANNOTATION: placement.annotation})
+            if placement is not None:
+                self.kube.annotate_pod(namespace, name, {GPUS_ANNOTATION: placement.annotation})
             self.kube.bind_pod(namespace, name, uid, node)
+        except KubeError as exc:
+            if not self._landed(namespace, name, uid, node, assignment):
+                self.ledger.release(key, only=assignment)
+                raise
+            log.warning("bind %s to %s: %s, yet the pod is bound there; keeping its GPUs",
+                        key, node, exc)
+            return
         except BaseException:
             self.ledger.release(key, only=assignment)
             raise
         with self.ledger.lock:
             if self.ledger.get(key) is assignment:
                 self.ledger.record(replace(assignment, settled_at=time.monotonic()))
-        log.info("bound %s to %s, GPUs %s", key, node, placement.annotation)
+        log.info("bound %s to %s, GPUs %s", key, node,
+                 placement.annotation if placement else "none")
+
+    def _bound_in_ledger(self, key: str, uid: str, node: str) -> bool:
+        """True when the ledger holds the pod as bound to `node`; raises when it holds it as bound
+        elsewhere or as being bound. Caller holds the ledger's lock."""
+        held = self.ledger.get(key)
+        if held is None or (uid and held.uid and held.uid != uid):
+            return False
+        if held.settled_at is None:
+            raise ObjectError(f"pod {key} is being bound to node {held.node} already")
+        if held.node != node:
+            raise ObjectError(f"pod {key} is already bound to node {held.node}")
+        log.info("bind %s to %s: the ledger holds it bound there already", key, node)
+        return True
+
+    def _adopt(self, pod: dict[str, Any], key: str, uid: str, node: str) -> None:
+        """A pod the API server shows bound: success for its node, an error for another; the
+        ledger learns what it holds (its annotation, its CPU and memory) if it lacked the pod."""
+        bound_to = pod["spec"]["nodeName"]
+        if bound_to != node:
+            raise ObjectError(f"pod {key} is already bound to node {bound_to}")
+        log.info("bind %s to %s: already bound there", key, node)
+        held = assignment_from_pod(pod)
+        with self.ledger.lock:
+            current = self.ledger.get(key)
+            if held is not None and (current is None or (current.uid and current.uid != uid)):
+                self.ledger.record(held)
+
+    def _landed(self, namespace: str, name: str, uid: str, node: str,
+                assignment: Assignment) -> bool:
+        """After a failed bind call: whether the API server shows the pod bound to `node` (its
+        answer lost, or a 409 for a binding that went through); if so the ledger keeps the pod,
+        settled, with the GPUs its annotation names (ours when it names none)."""
+        try:
+            pod = self.kube.get_pod(namespace, name)
+        except KubeError as exc:
+            log.warning("bind %s: cannot tell whether it landed: %s", assignment.pod_key, exc)
+            return False
+        actual_uid = str((pod.get("metadata") or {}).get("uid") or "")
+        if (pod.get("spec") or {}).get("nodeName") != node or (uid and actual_uid != uid):
+            return False
+        held = assignment_from_pod(pod)
+        if held is None or (assignment.gpus and not held.gpus):
+            held = replace(assignment, settled_at=time.monotonic())
+        with self.ledger.lock:
+            if self.ledger.get(assignment.pod_key) is assignment:
+                self.ledger.record(held)
+        return True
 
 
 class ExtenderHTTPServer(ThreadingHTTPServer):

@@ -69,6 +69,13 @@ class FakeApiServer:
         self.volumes: dict[str, dict[str, Any]] = {}
         self.unavailable = False
         """When set, every call gets 503, as from an API server that lost its etcd."""
+        self.pod_read_delay = 0.0
+        """Seconds a pod read is answered late, with the pod as it was when the read arrived."""
+        self.lost_binding_answers = 0
+        """How many of the next binding POSTs land but get 409, as a transport's retry of a
+        binding whose answer was lost does."""
+        self.pod_reads = 0
+        self.bindings_landed = 0
         self.lock = threading.Lock()
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -160,7 +167,12 @@ class FakeApiServer:
                         self._found(api.volumes.get(parts[3]), parts[3])
                     elif len(parts) == 6 and parts[:3] == ["api", "v1", "namespaces"] \
                             and parts[4] == "pods":
-                        pod = api.pods.get((parts[3], parts[5]))
+                        api.pod_reads += 1
+                        pod = copy.deepcopy(api.pods.get((parts[3], parts[5])))
+                        if api.pod_read_delay:
+                            api.lock.release()
+                            time.sleep(api.pod_read_delay)
+                            api.lock.acquire()
                         if pod is None:
                             self._reply(404, _status(404, "NotFound",
                                                      f'pods "{parts[5]}" not found'))
@@ -220,6 +232,14 @@ class FakeApiServer:
                         return
                     pod["spec"]["nodeName"] = body["target"]["name"]
                     pod.setdefault("status", {})["phase"] = "Running"
+                    api.bindings_landed += 1
+                    if api.lost_binding_answers:
+                        api.lost_binding_answers -= 1
+                        self._reply(409, _status(409, "Conflict", "Operation cannot be "
+                                                  f'fulfilled on pods/binding "{parts[5]}": pod '
+                                                  f"{parts[5]} is already assigned to node "
+                                                  f'"{pod["spec"]["nodeName"]}"'))
+                        return
                     self._reply(201, {"kind": "Status", "apiVersion": "v1", "metadata": {},
                                       "status": "Success", "code": 201})
 

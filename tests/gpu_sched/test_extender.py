@@ -388,3 +388,62 @@ def test_mangled_captured_bodies_never_crash_the_extender(
             if status == 400:
                 assert result["Error"] and "\n" not in result["Error"]
     assert statuses == {200, 400}
+
+
+def _eight_gpu_cluster(fake_api: Any, pod_json: Callable[..., dict],
+                       node_json: Callable[..., dict]) -> dict[str, Any]:
+    fake_api.add_node(node_json("one", gpus=8))
+    fake_api.add_node(node_json("two", gpus=8))
+    return fake_api.add_pod(pod_json("first", gpus=8))
+
+
+def _next_eight_gpu_pod_avoids_node_one(fake_api: Any, pod_json: Callable[..., dict],
+                                        client: Any) -> None:
+    assert fake_api.pod("default", "first")["metadata"]["annotations"]["gpu-sched/gpus"] == \
+        "0,1,2,3,4,5,6,7"
+    second = fake_api.add_pod(pod_json("second", gpus=8))
+    result = client.post("/filter", {"Pod": second, "NodeNames": ["one", "two"]})[1]
+    assert result["NodeNames"] == ["two"]
+    assert result["FailedNodes"] == {"one": "only 0 of 8 GPUs free, pod asks 8"}
+    assert client.post("/bind", bind_args(second, "one"))[1] == {
+        "Error": "node one: only 0 of 8 GPUs free, pod asks 8"}
+    assert "gpu-sched/gpus" not in fake_api.pod("default", "second")["metadata"].get(
+        "annotations", {})
+
+
+def test_retried_bind_with_a_late_pod_read_keeps_the_running_pods_gpus(
+        fake_api: Any, pod_json: Callable[..., dict], node_json: Callable[..., dict],
+        start_extender: Callable[..., Any]) -> None:
+    """Pod reads answered 0.4 s late: the retry reads the pod before the first bind lands and
+    gets the answer after the first bind settled."""
+    first = _eight_gpu_cluster(fake_api, pod_json, node_json)
+    client = start_extender()
+    assert client.post("/filter", {"Pod": first, "NodeNames": ["one", "two"]})[1][
+        "NodeNames"] == ["one", "two"]
+    fake_api.pod_read_delay = 0.4
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        original = pool.submit(client.post, "/bind", bind_args(first, "one"))
+        deadline = time.monotonic() + 5
+        while fake_api.pod_reads == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        retry = pool.submit(client.post, "/bind", bind_args(first, "one"))
+        assert original.result() == (200, {"Error": ""})
+        assert retry.result() == (200, {"Error": ""})
+    assert fake_api.bindings_landed == 1
+    fake_api.pod_read_delay = 0.0
+    _next_eight_gpu_pod_avoids_node_one(fake_api, pod_json, client)
+
+
+def test_a_409_for_a_binding_that_landed_keeps_the_pods_gpus(
+        fake_api: Any, pod_json: Callable[..., dict], node_json: Callable[..., dict],
+        start_extender: Callable[..., Any]) -> None:
+    """The binding goes through but the extender hears 409 (its answer lost, a retry refused)."""
+    first = _eight_gpu_cluster(fake_api, pod_json, node_json)
+    client = start_extender()
+    fake_api.lost_binding_answers = 1
+    assert client.post("/bind", bind_args(first, "one")) == (200, {"Error": ""})
+    assert client.post("/bind", bind_args(first, "one")) == (200, {"Error": ""})
+    assert fake_api.bindings_landed == 1
+    assert fake_api.pod("default", "first")["spec"]["nodeName"] == "one"
+    _next_eight_gpu_pod_avoids_node_one(fake_api, pod_json, client)
