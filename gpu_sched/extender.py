@@ -8,9 +8,10 @@ FailedNodes, FailedAndUnresolvableNodes, Error}; a bare list of HostPriority {Ho
 scores 0-10; ExtenderBindingArgs {PodName, PodNamespace, PodUID, Node} -> ExtenderBindingResult
 {Error}. As with Go's decoder, request field names match case-insensitively.
 
-A body that is not JSON or not of those shapes gets HTTP 400 with a one-line {"Error": ...}; a
-problem with the cluster (an unknown node, an API server error) is reported inside a normal
-response, where kube-scheduler shows it to the pod's owner.
+A body that is not JSON or not of those shapes gets HTTP 400 with a one-line {"Error": ...}, one
+over MAX_BODY_BYTES 413 and one that stalls for READ_TIMEOUT_SECONDS 408; a problem with the
+cluster (an unknown node, an API server error) is reported inside a normal response, where
+kube-scheduler shows it to the pod's owner.
 """
 
 from __future__ import annotations
@@ -48,7 +49,13 @@ from gpu_sched.state import Assignment, Ledger, assignment_from_pod
 
 log = logging.getLogger("gpu_sched.extender")
 
-MAX_BODY_BYTES = 128 * 1024 * 1024
+MAX_BODY_BYTES = 32 * 1024 * 1024
+"""Largest request body read. kube-scheduler sends the extender only the nodes its own filters
+passed, at most its percentageOfNodesToScore sample (adaptive by default: under 800 nodes in
+clusters of up to 15,000), so even full node objects (nodeCacheCapable false) stay below this."""
+READ_TIMEOUT_SECONDS = 30.0
+"""Longest wait for a client's next bytes, within a request or between kept-alive requests, so a
+stalled client cannot hold a server thread forever. kube-scheduler's own httpTimeout is shorter."""
 MAX_NESTING = 64
 """Deepest JSON nesting accepted; Kubernetes objects stay far shallower, and a limit well below
 Python's recursion limit keeps every later step (matching, echoing nodes back) from recursing out."""
@@ -56,7 +63,25 @@ UNKNOWN_NODE = "unknown node: the API server lists no node of this name"
 
 
 class BadRequest(ValueError):
-    """A request body kube-scheduler would never send; answered with HTTP 400."""
+    """A request kube-scheduler would never send; answered with HTTP `status`."""
+
+    status = 400
+
+
+class BodyTooLarge(BadRequest):
+    status = 413
+
+
+class BodyTimeout(BadRequest):
+    status = 408
+
+
+def _unknown_reason(count: int) -> str:
+    """One reason for all the unknown names of a request, reported on the first: a reason per name
+    would let a request of made-up names grow the answer by some 60 bytes a name."""
+    if count == 1:
+        return UNKNOWN_NODE
+    return f"{UNKNOWN_NODE} (nor of {count - 1} more names asked about, left out)"
 
 
 def _field(obj: dict[str, Any], name: str) -> Any:
@@ -256,9 +281,9 @@ class Extender:
                 except ObjectError as exc:
                     rejected[name] = Rejection(f"unreadable node: {exc}", True)
             self.nodes.remember(infos.values())
-        for name in names:
-            if name not in infos and name not in rejected:
-                rejected[name] = Rejection(UNKNOWN_NODE, False)
+        unknown = [name for name in names if name not in infos and name not in rejected]
+        if unknown:
+            rejected[unknown[0]] = Rejection(_unknown_reason(len(unknown)), False)
         refusal = self._quota_refusal(pod, request)
         if refusal:
             rejected.update((name, Rejection(refusal, True)) for name in infos)
@@ -460,14 +485,20 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], extender: Extender) -> None:
+    def __init__(self, address: tuple[str, int], extender: Extender,
+                 read_timeout: float = READ_TIMEOUT_SECONDS) -> None:
         super().__init__(address, _Handler)
         self.extender = extender
+        self.read_timeout = read_timeout
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: ExtenderHTTPServer
     protocol_version = "HTTP/1.1"
+
+    def setup(self) -> None:
+        self.timeout = self.server.read_timeout
+        super().setup()
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
@@ -477,19 +508,31 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
 
     def _read_json(self) -> Any:
         length_text = self.headers.get("Content-Length")
-        if length_text is None or not length_text.isdigit():
+        if length_text is None:
             self.close_connection = True
             raise BadRequest("a Content-Length header is required")
+        if not (length_text.isascii() and length_text.isdigit()):
+            self.close_connection = True
+            raise BadRequest(f"Content-Length must be a decimal byte count, got {length_text!r}")
         length = int(length_text)
         if length > MAX_BODY_BYTES:
             self.close_connection = True
-            raise BadRequest(f"body of {length} bytes is over the {MAX_BODY_BYTES}-byte limit")
-        raw = self.rfile.read(length)
+            raise BodyTooLarge(f"body of {length} bytes is over the {MAX_BODY_BYTES}-byte limit")
+        try:
+            raw = self.rfile.read(length)
+        except TimeoutError as exc:
+            self.close_connection = True
+            raise BodyTimeout(f"no body bytes for {self.timeout} s") from exc
+        if len(raw) < length:
+            self.close_connection = True
+            raise BadRequest(f"body ended after {len(raw)} of {length} bytes")
         try:
             body = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as exc:
@@ -526,7 +569,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             self._send(200, route(_object(body, "request body")))
         except BadRequest as exc:
-            self._send(400, {"Error": str(exc)})
+            self._send(exc.status, {"Error": str(exc)})
         except Exception as exc:
             log.exception("%s failed", self.path)
             self._send(500, {"Error": f"internal error: {type(exc).__name__}: {exc}"})

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from gpu_sched.extender import Extender, ExtenderHTTPServer
+from gpu_sched.extender import READ_TIMEOUT_SECONDS, Extender, ExtenderHTTPServer
 from gpu_sched.kube import KubeClient, api_client
 from gpu_sched.policies import make_policy
 from gpu_sched.quota import QuotaBook
@@ -360,11 +360,12 @@ def start_extender(fake_api: FakeApiServer) -> Iterator[Callable[..., HttpClient
     servers: list[ExtenderHTTPServer] = []
 
     def start(policy: str = "binpack", quota: QuotaBook | None = None,
-              seed: int | None = None, locality_weight: float = 0.3) -> HttpClient:
+              seed: int | None = None, locality_weight: float = 0.3,
+              read_timeout: float = READ_TIMEOUT_SECONDS) -> HttpClient:
         extender = Extender(KubeClient(api_client(fake_api.url)), make_policy(policy, seed), quota,
                             locality_weight=locality_weight)
         extender.resync()
-        server = ExtenderHTTPServer(("127.0.0.1", 0), extender)
+        server = ExtenderHTTPServer(("127.0.0.1", 0), extender, read_timeout)
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                          daemon=True).start()
         servers.append(server)
@@ -378,9 +379,13 @@ def start_extender(fake_api: FakeApiServer) -> Iterator[Callable[..., HttpClient
 
 @pytest.fixture
 def run_module() -> Callable[..., subprocess.CompletedProcess[str]]:
-    """Runs `python -m MODULE ARGS` from the repository root, as a user would."""
-    def run(module: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    """Runs `python -m MODULE ARGS` from the repository root, as a user would; with
+    pythonpath=False, with no PYTHONPATH at all, as from a fresh checkout."""
+    def run(module: str, *args: str, timeout: float = 60, pythonpath: bool = True
+            ) -> subprocess.CompletedProcess[str]:
+        env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+        if pythonpath:
+            env["PYTHONPATH"] = str(REPO_ROOT)
         return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT, env=env,
                               capture_output=True, text=True, timeout=timeout, check=False)
     return run

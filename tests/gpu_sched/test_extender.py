@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import http.client
 import json
+import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from gpu_sched.extender import MAX_BODY_BYTES
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -313,6 +316,67 @@ def test_missing_content_length_and_unknown_paths(cluster: Any,
     connection.close()
     assert client.post("/preempt", {})[0] == 404
     assert client.get("/healthz") == (200, {"status": "ok"})
+
+
+def _raw_post(client: Any, length: str, body: bytes = b"") -> tuple[int, dict[str, Any], str]:
+    """A POST /filter with the Content-Length header as given: status, body, Connection header."""
+    host, port = client.base_url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    connection.putrequest("POST", "/filter")
+    connection.putheader("Content-Length", length)
+    connection.endheaders(body)
+    response = connection.getresponse()
+    answer = (response.status, json.loads(response.read()), response.getheader("Connection", ""))
+    connection.close()
+    return answer
+
+
+@pytest.mark.parametrize("length", ["\u00b2", "-5", "0x10", "12, 12", ""])
+def test_a_bad_content_length_gets_400(length: str, cluster: Any,
+                                       start_extender: Callable[..., Any]) -> None:
+    status, result, connection = _raw_post(start_extender(), length, b"{}")
+    assert status == 400 and connection == "close"
+    assert result["Error"].startswith("Content-Length must be a decimal byte count")
+
+
+def test_a_body_over_the_limit_gets_413_unread(cluster: Any,
+                                               start_extender: Callable[..., Any]) -> None:
+    client = start_extender()
+    status, result, connection = _raw_post(client, str(MAX_BODY_BYTES + 1))
+    assert (status, connection) == (413, "close")
+    assert result == {"Error": f"body of {MAX_BODY_BYTES + 1} bytes is over the "
+                               f"{MAX_BODY_BYTES}-byte limit"}
+    assert client.get("/healthz") == (200, {"status": "ok"})
+
+
+def test_a_stalled_client_is_answered_408_and_an_idle_one_dropped(
+        cluster: Any, start_extender: Callable[..., Any]) -> None:
+    client = start_extender(read_timeout=0.5)
+    host, port = client.base_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as stalled:
+        stalled.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        started = time.monotonic()
+        answer = b""
+        while chunk := stalled.recv(4096):
+            answer += chunk
+        assert time.monotonic() - started < 5
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    assert answer.endswith(b'{"Error": "no body bytes for 0.5 s"}')
+    with socket.create_connection((host, int(port)), timeout=10) as idle:
+        started = time.monotonic()
+        assert idle.recv(4096) == b""
+        assert time.monotonic() - started < 5
+    assert client.get("/healthz") == (200, {"status": "ok"})
+
+
+def test_unknown_node_names_get_one_reason(cluster: Any,
+                                           start_extender: Callable[..., Any]) -> None:
+    args = captured("filter_args_names.json")
+    args["NodeNames"] = ["gpu-a", *(f"made-up-{i}" for i in range(1000))]
+    result = start_extender().post("/filter", args)[1]
+    assert result["NodeNames"] == ["gpu-a"]
+    assert result["FailedNodes"] == {"made-up-0": "unknown node: the API server lists no node of "
+                                     "this name (nor of 999 more names asked about, left out)"}
 
 
 def test_go_style_case_insensitive_field_names(cluster: Any,
