@@ -193,7 +193,8 @@ class _Evaluation:
     rejected: dict[str, Rejection] = field(default_factory=dict)
 
     def passing(self) -> set[str]:
-        """Names of fitting nodes; a pod wanting no GPU passes everywhere, as it is not ours to place."""
+        """Names of fitting nodes; a pod wanting no GPU passes everywhere: kube-scheduler has
+        checked its CPU and memory, and where it goes best is for /prioritize to say."""
         if self.request is not None and not self.request.wants_gpu:
             return set(self.names)
         return {node.name for node in self.fits}
@@ -257,8 +258,13 @@ class Extender:
                 raise BadRequest(f"ExtenderArgs.Nodes.items[{index}]: {exc}") from exc
         return pod, list(objects), objects, node_list
 
-    def _evaluate(self, args: dict[str, Any]) -> _Evaluation:
-        """Everything filter and prioritize share: which nodes fit, and why the others do not."""
+    def _evaluate(self, args: dict[str, Any], scoring: bool = False) -> _Evaluation:
+        """Everything filter and prioritize share: which nodes fit, and why the others do not.
+
+        A CPU-only pod fits every node it is asked about (kube-scheduler checked its CPU and
+        memory); only for scoring are the known ones worked out, with the CPU, memory and GPUs
+        the ledger leaves them, as the simulator places such pods on GPU machines.
+        """
         pod, names, objects, node_list = self._candidates(args)
         evaluation = _Evaluation(names, node_list, objects)
         try:
@@ -268,7 +274,7 @@ class Extender:
             evaluation.rejected = {name: reason for name in names}
             return evaluation
         request = evaluation.request
-        if not request.wants_gpu:
+        if not request.wants_gpu and not scoring:
             return evaluation
         rejected = evaluation.rejected
         if node_list is None:
@@ -284,13 +290,16 @@ class Extender:
         unknown = [name for name in names if name not in infos and name not in rejected]
         if unknown:
             rejected[unknown[0]] = Rejection(_unknown_reason(len(unknown)), False)
+        key = pod_key(pod)
+        states = [self.ledger.node_gpus(infos[name], exclude_pod=key)
+                  for name in names if name in infos]
+        if not request.wants_gpu:
+            evaluation.fits = states
+            return evaluation
         refusal = self._quota_refusal(pod, request)
         if refusal:
             rejected.update((name, Rejection(refusal, True)) for name in infos)
             return evaluation
-        key = pod_key(pod)
-        states = [self.ledger.node_gpus(infos[name], exclude_pod=key)
-                  for name in names if name in infos]
         evaluation.fits, unfit = feasible_nodes(request, states)
         rejected.update(unfit)
         return evaluation
@@ -321,13 +330,13 @@ class Extender:
 
     def prioritize(self, args: dict[str, Any]) -> list[dict[str, Any]]:
         try:
-            evaluation = self._evaluate(args)
+            evaluation = self._evaluate(args, scoring=True)
         except KubeError as exc:
             log.warning("prioritize: %s; scoring every node 0", exc)
             return [{"Host": name, "Score": 0} for name in self._candidates(args)[1]]
         request = evaluation.request
         scores: dict[str, int] = {}
-        if request is not None and request.wants_gpu and evaluation.fits:
+        if request is not None and evaluation.fits:
             scores = self.policy.scores(request, evaluation.fits)
             if self.locality_weight:
                 scores = self._with_locality(_object(_field(args, "Pod"), "ExtenderArgs.Pod"),

@@ -235,17 +235,26 @@ def test_gpu_sharing_pods_land_on_one_gpu(fake_api: Any, pod_json: Callable[...,
     assert result["FailedNodes"] == {"n": "only 2 of 4 GPUs free, pod asks 3"}
 
 
-def test_pods_without_gpus_pass_through_and_bind_plainly(
+def test_cpu_only_pods_pass_everywhere_and_are_placed_by_the_policy(
         cluster: Any, pod_json: Callable[..., dict], start_extender: Callable[..., Any]) -> None:
+    """As the simulator places them: binpack sends a CPU-only pod where the fewest whole GPUs
+    stay free, so a machine without GPUs first, then the GPU machine already in use."""
+    cluster.add_pod(pod_json("running", gpus=2, node="gpu-b", assigned="0,1"))
     client = start_extender()
     pod = cluster.add_pod(pod_json("web"))
     result = client.post("/filter", {"Pod": pod, "NodeNames": ["gpu-a", "cpu-only", "x"]})[1]
     assert result["NodeNames"] == ["gpu-a", "cpu-only", "x"]
-    scores = client.post("/prioritize", {"Pod": pod, "NodeNames": ["gpu-a", "cpu-only"]})[1]
-    assert scores == [{"Host": "gpu-a", "Score": 0}, {"Host": "cpu-only", "Score": 0}]
-    assert client.post("/bind", bind_args(pod, "cpu-only"))[1] == {"Error": ""}
+    scores = client.post("/prioritize", {"Pod": pod,
+                                         "NodeNames": ["gpu-a", "gpu-b", "cpu-only", "x"]})[1]
+    assert [entry["Host"] for entry in scores] == ["gpu-a", "gpu-b", "cpu-only", "x"]
+    by_host = {entry["Host"]: entry["Score"] for entry in scores}
+    assert by_host["cpu-only"] == 10 and by_host["gpu-b"] > by_host["gpu-a"]
+    assert by_host["x"] == 0
+    scores = client.post("/prioritize", {"Pod": pod, "NodeNames": ["gpu-a", "gpu-b"]})[1]
+    assert max(scores, key=lambda entry: entry["Score"]) == {"Host": "gpu-b", "Score": 10}
+    assert client.post("/bind", bind_args(pod, "gpu-b"))[1] == {"Error": ""}
     stored = cluster.pod("default", "web")
-    assert stored["spec"]["nodeName"] == "cpu-only"
+    assert stored["spec"]["nodeName"] == "gpu-b"
     assert "gpu-sched/gpus" not in stored["metadata"].get("annotations", {})
 
 
