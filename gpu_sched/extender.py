@@ -8,9 +8,10 @@ FailedNodes, FailedAndUnresolvableNodes, Error}; a bare list of HostPriority {Ho
 scores 0-10; ExtenderBindingArgs {PodName, PodNamespace, PodUID, Node} -> ExtenderBindingResult
 {Error}. As with Go's decoder, request field names match case-insensitively.
 
-A body that is not JSON or not of those shapes gets HTTP 400 with a one-line {"Error": ...}; a
-problem with the cluster (an unknown node, an API server error) is reported inside a normal
-response, where kube-scheduler shows it to the pod's owner.
+A body that is not JSON or not of those shapes gets HTTP 400 with a one-line {"Error": ...}, one
+over MAX_BODY_BYTES 413 and one that stalls for READ_TIMEOUT_SECONDS 408; a problem with the
+cluster (an unknown node, an API server error) is reported inside a normal response, where
+kube-scheduler shows it to the pod's owner.
 """
 
 from __future__ import annotations
@@ -48,7 +49,13 @@ from gpu_sched.state import Assignment, Ledger, assignment_from_pod
 
 log = logging.getLogger("gpu_sched.extender")
 
-MAX_BODY_BYTES = 128 * 1024 * 1024
+MAX_BODY_BYTES = 32 * 1024 * 1024
+"""Largest request body read. kube-scheduler sends the extender only the nodes its own filters
+passed, at most its percentageOfNodesToScore sample (adaptive by default: under 800 nodes in
+clusters of up to 15,000), so even full node objects (nodeCacheCapable false) stay below this."""
+READ_TIMEOUT_SECONDS = 30.0
+"""Longest wait for a client's next bytes, within a request or between kept-alive requests, so a
+stalled client cannot hold a server thread forever. kube-scheduler's own httpTimeout is shorter."""
 MAX_NESTING = 64
 """Deepest JSON nesting accepted; Kubernetes objects stay far shallower, and a limit well below
 Python's recursion limit keeps every later step (matching, echoing nodes back) from recursing out."""
@@ -56,7 +63,25 @@ UNKNOWN_NODE = "unknown node: the API server lists no node of this name"
 
 
 class BadRequest(ValueError):
-    """A request body kube-scheduler would never send; answered with HTTP 400."""
+    """A request kube-scheduler would never send; answered with HTTP `status`."""
+
+    status = 400
+
+
+class BodyTooLarge(BadRequest):
+    status = 413
+
+
+class BodyTimeout(BadRequest):
+    status = 408
+
+
+def _unknown_reason(count: int) -> str:
+    """One reason for all the unknown names of a request, reported on the first: a reason per name
+    would let a request of made-up names grow the answer by some 60 bytes a name."""
+    if count == 1:
+        return UNKNOWN_NODE
+    return f"{UNKNOWN_NODE} (nor of {count - 1} more names asked about, left out)"
 
 
 def _field(obj: dict[str, Any], name: str) -> Any:
@@ -168,7 +193,8 @@ class _Evaluation:
     rejected: dict[str, Rejection] = field(default_factory=dict)
 
     def passing(self) -> set[str]:
-        """Names of fitting nodes; a pod wanting no GPU passes everywhere, as it is not ours to place."""
+        """Names of fitting nodes; a pod wanting no GPU passes everywhere: kube-scheduler has
+        checked its CPU and memory, and where it goes best is for /prioritize to say."""
         if self.request is not None and not self.request.wants_gpu:
             return set(self.names)
         return {node.name for node in self.fits}
@@ -232,8 +258,13 @@ class Extender:
                 raise BadRequest(f"ExtenderArgs.Nodes.items[{index}]: {exc}") from exc
         return pod, list(objects), objects, node_list
 
-    def _evaluate(self, args: dict[str, Any]) -> _Evaluation:
-        """Everything filter and prioritize share: which nodes fit, and why the others do not."""
+    def _evaluate(self, args: dict[str, Any], scoring: bool = False) -> _Evaluation:
+        """Everything filter and prioritize share: which nodes fit, and why the others do not.
+
+        A CPU-only pod fits every node it is asked about (kube-scheduler checked its CPU and
+        memory); only for scoring are the known ones worked out, with the CPU, memory and GPUs
+        the ledger leaves them, as the simulator places such pods on GPU machines.
+        """
         pod, names, objects, node_list = self._candidates(args)
         evaluation = _Evaluation(names, node_list, objects)
         try:
@@ -243,7 +274,7 @@ class Extender:
             evaluation.rejected = {name: reason for name in names}
             return evaluation
         request = evaluation.request
-        if not request.wants_gpu:
+        if not request.wants_gpu and not scoring:
             return evaluation
         rejected = evaluation.rejected
         if node_list is None:
@@ -256,16 +287,19 @@ class Extender:
                 except ObjectError as exc:
                     rejected[name] = Rejection(f"unreadable node: {exc}", True)
             self.nodes.remember(infos.values())
-        for name in names:
-            if name not in infos and name not in rejected:
-                rejected[name] = Rejection(UNKNOWN_NODE, False)
+        unknown = [name for name in names if name not in infos and name not in rejected]
+        if unknown:
+            rejected[unknown[0]] = Rejection(_unknown_reason(len(unknown)), False)
+        key = pod_key(pod)
+        states = [self.ledger.node_gpus(infos[name], exclude_pod=key)
+                  for name in names if name in infos]
+        if not request.wants_gpu:
+            evaluation.fits = states
+            return evaluation
         refusal = self._quota_refusal(pod, request)
         if refusal:
             rejected.update((name, Rejection(refusal, True)) for name in infos)
             return evaluation
-        key = pod_key(pod)
-        states = [self.ledger.node_gpus(infos[name], exclude_pod=key)
-                  for name in names if name in infos]
         evaluation.fits, unfit = feasible_nodes(request, states)
         rejected.update(unfit)
         return evaluation
@@ -296,13 +330,13 @@ class Extender:
 
     def prioritize(self, args: dict[str, Any]) -> list[dict[str, Any]]:
         try:
-            evaluation = self._evaluate(args)
+            evaluation = self._evaluate(args, scoring=True)
         except KubeError as exc:
             log.warning("prioritize: %s; scoring every node 0", exc)
             return [{"Host": name, "Score": 0} for name in self._candidates(args)[1]]
         request = evaluation.request
         scores: dict[str, int] = {}
-        if request is not None and request.wants_gpu and evaluation.fits:
+        if request is not None and evaluation.fits:
             scores = self.policy.scores(request, evaluation.fits)
             if self.locality_weight:
                 scores = self._with_locality(_object(_field(args, "Pod"), "ExtenderArgs.Pod"),
@@ -343,73 +377,137 @@ class Extender:
         return {"Error": ""}
 
     def _bind(self, namespace: str, name: str, uid: str, node: str) -> None:
-        """Bind one pod; a pod the API server already shows bound is never re-placed.
+        """Bind one pod; a pod already bound, by the API server's word or the ledger's, is never
+        re-placed, and GPUs are released only when the API server shows the pod unbound.
 
         A retried bind (kube-scheduler's request timed out after the first one went through) must
         leave the running pod's ledger entry and annotation alone: re-placing it would record
         GPUs for it afresh, and the API server's refusal would then release the GPUs it holds.
+        Its read of the pod may predate the first bind even when it is answered after the first
+        bind settled (a slow API server), so a settled ledger entry for the same pod counts as
+        bound too: settled entries are made only once the API server has shown the binding.
         """
         pod = self.kube.get_pod(namespace, name)
         actual_uid = str((pod.get("metadata") or {}).get("uid") or "")
         if uid and actual_uid and uid != actual_uid:
             raise ObjectError(f"pod {namespace}/{name} is now UID {actual_uid}, not {uid}")
-        bound_to = (pod.get("spec") or {}).get("nodeName")
-        if bound_to == node:
-            log.info("bind %s/%s to %s: already bound there", namespace, name, node)
-            return
-        if bound_to:
-            raise ObjectError(f"pod {namespace}/{name} is already bound to node {bound_to}")
-        request = pod_request(pod)
+        uid = uid or actual_uid
         key = pod_key(pod)
-        if not request.wants_gpu:
-            self.kube.bind_pod(namespace, name, uid, node)
-            self.ledger.record(Assignment(key, uid or actual_uid, node, (), 0, pod_group(pod), 0.0,
-                                          time.monotonic(), request.cpu, request.memory))
+        bound_to = (pod.get("spec") or {}).get("nodeName")
+        if bound_to:
+            self._adopt(pod, key, uid, node)
             return
-        info = self.nodes.lookup([node]).get(node)
-        if info is None:
-            raise ObjectError(f"node {node}: {UNKNOWN_NODE}")
+        request = pod_request(pod)
+        info = None
+        if request.wants_gpu:
+            info = self.nodes.lookup([node]).get(node)
+            if info is None:
+                raise ObjectError(f"node {node}: {UNKNOWN_NODE}")
         with self.ledger.lock:
-            in_flight = self.ledger.get(key)
-            if in_flight is not None and in_flight.settled_at is None:
-                raise ObjectError(f"pod {key} is being bound to node {in_flight.node} already")
-            refusal = self._quota_refusal(pod, request)
-            if refusal:
-                raise ObjectError(refusal)
-            state = self.ledger.node_gpus(info, exclude_pod=key)
-            why = rejection(state, request)
-            placement = self.policy.place(state, request) if why is None else None
-            if placement is None:
-                raise ObjectError(f"node {node}: {why.reason if why else 'no GPUs fit'}")
+            if self._bound_in_ledger(key, uid, node):
+                return
+            placement = None
+            if info is not None:
+                refusal = self._quota_refusal(pod, request)
+                if refusal:
+                    raise ObjectError(refusal)
+                state = self.ledger.node_gpus(info, exclude_pod=key)
+                why = rejection(state, request)
+                placement = self.policy.place(state, request) if why is None else None
+                if placement is None:
+                    raise ObjectError(f"node {node}: {why.reason if why else 'no GPUs fit'}")
             milli_each = request.milli if request.is_shared else MILLI_PER_GPU
-            assignment = Assignment(key, uid or actual_uid, node, placement.gpus, milli_each,
-                                    pod_group(pod), request.gpu_equivalent, cpu=request.cpu,
+            assignment = Assignment(key, uid, node, placement.gpus if placement else (),
+                                    milli_each if placement else 0, pod_group(pod),
+                                    request.gpu_equivalent, cpu=request.cpu,
                                     memory=request.memory)
             self.ledger.record(assignment)
         try:
-            self.kube.annotate_pod(namespace, name, {GPUS_ANNOTATION: placement.annotation})
+            if placement is not None:
+                self.kube.annotate_pod(namespace, name, {GPUS_ANNOTATION: placement.annotation})
             self.kube.bind_pod(namespace, name, uid, node)
+        except KubeError as exc:
+            if not self._landed(namespace, name, uid, node, assignment):
+                self.ledger.release(key, only=assignment)
+                raise
+            log.warning("bind %s to %s: %s, yet the pod is bound there; keeping its GPUs",
+                        key, node, exc)
+            return
         except BaseException:
             self.ledger.release(key, only=assignment)
             raise
         with self.ledger.lock:
             if self.ledger.get(key) is assignment:
                 self.ledger.record(replace(assignment, settled_at=time.monotonic()))
-        log.info("bound %s to %s, GPUs %s", key, node, placement.annotation)
+        log.info("bound %s to %s, GPUs %s", key, node,
+                 placement.annotation if placement else "none")
+
+    def _bound_in_ledger(self, key: str, uid: str, node: str) -> bool:
+        """True when the ledger holds the pod as bound to `node`; raises when it holds it as bound
+        elsewhere or as being bound. Caller holds the ledger's lock."""
+        held = self.ledger.get(key)
+        if held is None or (uid and held.uid and held.uid != uid):
+            return False
+        if held.settled_at is None:
+            raise ObjectError(f"pod {key} is being bound to node {held.node} already")
+        if held.node != node:
+            raise ObjectError(f"pod {key} is already bound to node {held.node}")
+        log.info("bind %s to %s: the ledger holds it bound there already", key, node)
+        return True
+
+    def _adopt(self, pod: dict[str, Any], key: str, uid: str, node: str) -> None:
+        """A pod the API server shows bound: success for its node, an error for another; the
+        ledger learns what it holds (its annotation, its CPU and memory) if it lacked the pod."""
+        bound_to = pod["spec"]["nodeName"]
+        if bound_to != node:
+            raise ObjectError(f"pod {key} is already bound to node {bound_to}")
+        log.info("bind %s to %s: already bound there", key, node)
+        held = assignment_from_pod(pod)
+        with self.ledger.lock:
+            current = self.ledger.get(key)
+            if held is not None and (current is None or (current.uid and current.uid != uid)):
+                self.ledger.record(held)
+
+    def _landed(self, namespace: str, name: str, uid: str, node: str,
+                assignment: Assignment) -> bool:
+        """After a failed bind call: whether the API server shows the pod bound to `node` (its
+        answer lost, or a 409 for a binding that went through); if so the ledger keeps the pod,
+        settled, with the GPUs its annotation names (ours when it names none)."""
+        try:
+            pod = self.kube.get_pod(namespace, name)
+        except KubeError as exc:
+            log.warning("bind %s: cannot tell whether it landed: %s", assignment.pod_key, exc)
+            return False
+        actual_uid = str((pod.get("metadata") or {}).get("uid") or "")
+        if (pod.get("spec") or {}).get("nodeName") != node or (uid and actual_uid != uid):
+            return False
+        held = assignment_from_pod(pod)
+        if held is None or (assignment.gpus and not held.gpus):
+            held = replace(assignment, settled_at=time.monotonic())
+        with self.ledger.lock:
+            if self.ledger.get(assignment.pod_key) is assignment:
+                self.ledger.record(held)
+        return True
 
 
 class ExtenderHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], extender: Extender) -> None:
+    def __init__(self, address: tuple[str, int], extender: Extender,
+                 read_timeout: float = READ_TIMEOUT_SECONDS) -> None:
         super().__init__(address, _Handler)
         self.extender = extender
+        self.read_timeout = read_timeout
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: ExtenderHTTPServer
     protocol_version = "HTTP/1.1"
+
+    def setup(self) -> None:
+        self.timeout = self.server.read_timeout
+        super().setup()
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
@@ -419,19 +517,31 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
 
     def _read_json(self) -> Any:
         length_text = self.headers.get("Content-Length")
-        if length_text is None or not length_text.isdigit():
+        if length_text is None:
             self.close_connection = True
             raise BadRequest("a Content-Length header is required")
+        if not (length_text.isascii() and length_text.isdigit()):
+            self.close_connection = True
+            raise BadRequest(f"Content-Length must be a decimal byte count, got {length_text!r}")
         length = int(length_text)
         if length > MAX_BODY_BYTES:
             self.close_connection = True
-            raise BadRequest(f"body of {length} bytes is over the {MAX_BODY_BYTES}-byte limit")
-        raw = self.rfile.read(length)
+            raise BodyTooLarge(f"body of {length} bytes is over the {MAX_BODY_BYTES}-byte limit")
+        try:
+            raw = self.rfile.read(length)
+        except TimeoutError as exc:
+            self.close_connection = True
+            raise BodyTimeout(f"no body bytes for {self.timeout} s") from exc
+        if len(raw) < length:
+            self.close_connection = True
+            raise BadRequest(f"body ended after {len(raw)} of {length} bytes")
         try:
             body = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as exc:
@@ -468,7 +578,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             self._send(200, route(_object(body, "request body")))
         except BadRequest as exc:
-            self._send(400, {"Error": str(exc)})
+            self._send(exc.status, {"Error": str(exc)})
         except Exception as exc:
             log.exception("%s failed", self.path)
             self._send(500, {"Error": f"internal error: {type(exc).__name__}: {exc}"})

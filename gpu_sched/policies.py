@@ -30,6 +30,10 @@ UNTRACKED = 2**40
 
 
 def _used_share_after(node: NodeGpus, request: GpuRequest) -> float:
+    """Share of the node's GPU capacity in use once the request is placed; a node without GPUs
+    (which only CPU-only pods reach) counts as full, as in the arrival simulator."""
+    if not node.capacity:
+        return 1.0
     taken = request.milli if request.is_shared else request.gpus * MILLI_PER_GPU
     return (node.used_milli() + taken) / (node.capacity * MILLI_PER_GPU)
 
@@ -57,8 +61,13 @@ class Policy(ABC):
 
     def choose(self, request: GpuRequest, nodes: Sequence[NodeGpus]
                ) -> tuple[NodeGpus, Placement] | None:
+        """The node for the request and its GPUs; a CPU-only pod, which takes CPU and memory from
+        the node it lands on, goes to the node of the best preference (first name on a tie)."""
         if not nodes:
             return None
+        if not request.wants_gpu:
+            node = min(nodes, key=lambda node: (self.preference(node, request), node.name))
+            return node, Placement((), 0)
         preferences = [(self.preference(node, request), node) for node in nodes]
         best_preference = min(preference for preference, _ in preferences)
         best: tuple[tuple[int, int], str, NodeGpus, Placement] | None = None
@@ -188,7 +197,7 @@ class FgdPolicy(BinpackPolicy):
         room (milli-GPU left) of the GPU a share would take for it (1000 for whole GPUs)."""
         shape = request_shape(request)
         types = PodTypes(mix.elements(), [node.model for node in nodes])
-        width = max(node.capacity for node in nodes)
+        width = max(node.capacity for node in nodes) or 1
         gpu_left = np.zeros((len(nodes), width), dtype=np.int64)
         for row, node in enumerate(nodes):
             gpu_left[row, :node.capacity] = [MILLI_PER_GPU - used for used in node.used]
@@ -229,7 +238,7 @@ class FgdPolicy(BinpackPolicy):
         for index in sorted(range(len(nodes)), key=key):
             node = nodes[index]
             placement = (node.share_on(int(room[index]), request.milli) if request.is_shared
-                         else node.choose(request))
+                         else node.choose(request) if request.wants_gpu else Placement((), 0))
             if placement is not None:
                 ranked.append((node, placement))
         return ranked
@@ -242,16 +251,16 @@ class FgdPolicy(BinpackPolicy):
 
     def choose(self, request: GpuRequest, nodes: Sequence[NodeGpus]
                ) -> tuple[NodeGpus, Placement] | None:
-        if not nodes or not request.wants_gpu:
-            return super().choose(request, nodes)
+        if not nodes:
+            return None
         delta, room = self._best(self._observe(request_shape(request)), request, nodes)
         ranked = self._ranked(request, nodes, delta, room)
         return ranked[0] if ranked else None
 
     def scores(self, request: GpuRequest, nodes: Sequence[NodeGpus]) -> dict[str, int]:
         """The chosen node 10; the others 0-9, the least waste growth highest."""
-        if not nodes or not request.wants_gpu:
-            return super().scores(request, nodes)
+        if not nodes:
+            return {}
         delta, room = self._best(self._observe(request_shape(request)), request, nodes)
         low, high = float(delta.min()), float(delta.max())
         span = high - low or 1.0

@@ -14,8 +14,8 @@ creation and deletion times, described below.
 Pods arrive at creation_time and leave at deletion_time (departures first when both fall on the same
 second). A pod that fits nowhere when it arrives fails; it does not wait, so every policy faces the
 same arrivals. A pod goes only to a node with the CPU and memory it asks for left, as kube-scheduler
-checks those before the extender sees a pod; CPU-only pods are placed too (by the policy's count
-preference), as they take CPU and memory from GPU machines. The nodes carry their CPU and memory
+checks those before the extender sees a pod; CPU-only pods are placed too (by the policy, as the
+extender places them), as they take CPU and memory from GPU machines. The nodes carry their CPU and memory
 left and the requests the pods' CPU and memory asks, so fgd weighs them as the extender's does.
 Trace machines get an assumed 2-socket PCIe wiring (the trace does not record it).
 """
@@ -154,8 +154,7 @@ def simulate(trace_nodes: list[TraceNode], trace_pods: list[TracePod], policy_na
             whole_requests += is_whole_node
             choice = policy.choose(request, feasible_nodes(request, hosts)[0])
         else:
-            choice = (min(hosts, key=lambda node: (policy.preference(node, request), node.name)),
-                      Placement((), 0)) if hosts else None
+            choice = policy.choose(request, hosts)
         if choice is not None:
             node, placement = choice
             cluster.place(node, placement, pod)

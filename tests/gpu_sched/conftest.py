@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from gpu_sched.extender import Extender, ExtenderHTTPServer
+from gpu_sched.extender import READ_TIMEOUT_SECONDS, Extender, ExtenderHTTPServer
 from gpu_sched.kube import KubeClient, api_client
 from gpu_sched.policies import make_policy
 from gpu_sched.quota import QuotaBook
@@ -69,6 +69,13 @@ class FakeApiServer:
         self.volumes: dict[str, dict[str, Any]] = {}
         self.unavailable = False
         """When set, every call gets 503, as from an API server that lost its etcd."""
+        self.pod_read_delay = 0.0
+        """Seconds a pod read is answered late, with the pod as it was when the read arrived."""
+        self.lost_binding_answers = 0
+        """How many of the next binding POSTs land but get 409, as a transport's retry of a
+        binding whose answer was lost does."""
+        self.pod_reads = 0
+        self.bindings_landed = 0
         self.lock = threading.Lock()
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -160,7 +167,12 @@ class FakeApiServer:
                         self._found(api.volumes.get(parts[3]), parts[3])
                     elif len(parts) == 6 and parts[:3] == ["api", "v1", "namespaces"] \
                             and parts[4] == "pods":
-                        pod = api.pods.get((parts[3], parts[5]))
+                        api.pod_reads += 1
+                        pod = copy.deepcopy(api.pods.get((parts[3], parts[5])))
+                        if api.pod_read_delay:
+                            api.lock.release()
+                            time.sleep(api.pod_read_delay)
+                            api.lock.acquire()
                         if pod is None:
                             self._reply(404, _status(404, "NotFound",
                                                      f'pods "{parts[5]}" not found'))
@@ -220,6 +232,14 @@ class FakeApiServer:
                         return
                     pod["spec"]["nodeName"] = body["target"]["name"]
                     pod.setdefault("status", {})["phase"] = "Running"
+                    api.bindings_landed += 1
+                    if api.lost_binding_answers:
+                        api.lost_binding_answers -= 1
+                        self._reply(409, _status(409, "Conflict", "Operation cannot be "
+                                                  f'fulfilled on pods/binding "{parts[5]}": pod '
+                                                  f"{parts[5]} is already assigned to node "
+                                                  f'"{pod["spec"]["nodeName"]}"'))
+                        return
                     self._reply(201, {"kind": "Status", "apiVersion": "v1", "metadata": {},
                                       "status": "Success", "code": 201})
 
@@ -340,11 +360,12 @@ def start_extender(fake_api: FakeApiServer) -> Iterator[Callable[..., HttpClient
     servers: list[ExtenderHTTPServer] = []
 
     def start(policy: str = "binpack", quota: QuotaBook | None = None,
-              seed: int | None = None, locality_weight: float = 0.3) -> HttpClient:
+              seed: int | None = None, locality_weight: float = 0.3,
+              read_timeout: float = READ_TIMEOUT_SECONDS) -> HttpClient:
         extender = Extender(KubeClient(api_client(fake_api.url)), make_policy(policy, seed), quota,
                             locality_weight=locality_weight)
         extender.resync()
-        server = ExtenderHTTPServer(("127.0.0.1", 0), extender)
+        server = ExtenderHTTPServer(("127.0.0.1", 0), extender, read_timeout)
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                          daemon=True).start()
         servers.append(server)
@@ -358,9 +379,13 @@ def start_extender(fake_api: FakeApiServer) -> Iterator[Callable[..., HttpClient
 
 @pytest.fixture
 def run_module() -> Callable[..., subprocess.CompletedProcess[str]]:
-    """Runs `python -m MODULE ARGS` from the repository root, as a user would."""
-    def run(module: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    """Runs `python -m MODULE ARGS` from the repository root, as a user would; with
+    pythonpath=False, with no PYTHONPATH at all, as from a fresh checkout."""
+    def run(module: str, *args: str, timeout: float = 60, pythonpath: bool = True
+            ) -> subprocess.CompletedProcess[str]:
+        env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+        if pythonpath:
+            env["PYTHONPATH"] = str(REPO_ROOT)
         return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT, env=env,
                               capture_output=True, text=True, timeout=timeout, check=False)
     return run

@@ -211,3 +211,17 @@ def test_short_layout_cannot_be_replayed_by_time(tmp_path: Path,
     assert result.stderr.strip() == (
         f"gpu_sched.simulate: {tmp_path / 'pods.csv'} has no creation_time: "
         "replay it with --mode arrival")
+
+
+def test_bench_runs_from_a_checkout_without_pythonpath(
+        tmp_path: Path, run_module: Callable[..., Any]) -> None:
+    """`python3 -m bench.gpu_arrival` from the repository root, as BENCHMARKS.md runs it."""
+    write_trace(tmp_path, ["n1,64000,262144,8,V100M32", "n2,64000,262144,8,V100M32"],
+                [f"p{index},4000,16384,1,1000" for index in range(16)])
+    (tmp_path / "nodes.csv").rename(tmp_path / "openb_node_list_gpu_node.csv")
+    (tmp_path / "pods.csv").rename(tmp_path / "openb_pod_list_default.csv")
+    result = run_module("bench.gpu_arrival", "--trace", str(tmp_path), "--seeds", "1", "--jobs",
+                        "1", "--workloads", "default", "--policies", "binpack", pythonpath=False)
+    assert result.returncode == 0, result.stderr
+    assert "| workload | binpack 100% / 130% (1 seeds) |" in result.stdout
+    assert result.stdout.splitlines()[-1].startswith("| default | ")

@@ -68,8 +68,27 @@ def test_scheduler_configuration_uses_only_real_fields() -> None:
     assert set(extender) <= EXTENDER_FIELDS
     assert all(set(resource) <= MANAGED_RESOURCE_FIELDS for resource in extender["managedResources"])
     assert {r["name"]: r["ignoredByScheduler"] for r in extender["managedResources"]} == {
-        GPU_RESOURCE: False, MILLI_RESOURCE: True}
+        GPU_RESOURCE: False, MILLI_RESOURCE: True, "cpu": False, "memory": False}
     assert extender["weight"] >= 1 and extender["nodeCacheCapable"] is True
+
+
+def sent_to_extender(pod: dict[str, Any]) -> bool:
+    """kube-scheduler's HTTPExtender.IsInterested: a container (init containers included) whose
+    requests or limits name a managed resource."""
+    (config,) = by_kind("KubeSchedulerConfiguration")
+    managed = {r["name"] for r in config["extenders"][0]["managedResources"]}
+    spec = pod["spec"]
+    return any(set(container.get("resources", {}).get(kind) or {}) & managed
+               for container in spec["containers"] + spec.get("initContainers", [])
+               for kind in ("requests", "limits"))
+
+
+def test_cpu_only_pods_reach_the_extender_as_gpu_pods_do(pod_json: Callable[..., dict]) -> None:
+    """The simulator places CPU-only pods by the policy; as deployed they must reach it too."""
+    assert sent_to_extender(pod_json("web", cpu="500m", memory="1Gi"))
+    assert sent_to_extender(pod_json("train", gpus=2))
+    for doc in by_kind("Pod"):
+        assert sent_to_extender(doc)
 
 
 def test_scheduler_reaches_the_extender_service_on_its_port() -> None:

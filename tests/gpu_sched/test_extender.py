@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import http.client
 import json
+import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from gpu_sched.extender import MAX_BODY_BYTES
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -232,17 +235,26 @@ def test_gpu_sharing_pods_land_on_one_gpu(fake_api: Any, pod_json: Callable[...,
     assert result["FailedNodes"] == {"n": "only 2 of 4 GPUs free, pod asks 3"}
 
 
-def test_pods_without_gpus_pass_through_and_bind_plainly(
+def test_cpu_only_pods_pass_everywhere_and_are_placed_by_the_policy(
         cluster: Any, pod_json: Callable[..., dict], start_extender: Callable[..., Any]) -> None:
+    """As the simulator places them: binpack sends a CPU-only pod where the fewest whole GPUs
+    stay free, so a machine without GPUs first, then the GPU machine already in use."""
+    cluster.add_pod(pod_json("running", gpus=2, node="gpu-b", assigned="0,1"))
     client = start_extender()
     pod = cluster.add_pod(pod_json("web"))
     result = client.post("/filter", {"Pod": pod, "NodeNames": ["gpu-a", "cpu-only", "x"]})[1]
     assert result["NodeNames"] == ["gpu-a", "cpu-only", "x"]
-    scores = client.post("/prioritize", {"Pod": pod, "NodeNames": ["gpu-a", "cpu-only"]})[1]
-    assert scores == [{"Host": "gpu-a", "Score": 0}, {"Host": "cpu-only", "Score": 0}]
-    assert client.post("/bind", bind_args(pod, "cpu-only"))[1] == {"Error": ""}
+    scores = client.post("/prioritize", {"Pod": pod,
+                                         "NodeNames": ["gpu-a", "gpu-b", "cpu-only", "x"]})[1]
+    assert [entry["Host"] for entry in scores] == ["gpu-a", "gpu-b", "cpu-only", "x"]
+    by_host = {entry["Host"]: entry["Score"] for entry in scores}
+    assert by_host["cpu-only"] == 10 and by_host["gpu-b"] > by_host["gpu-a"]
+    assert by_host["x"] == 0
+    scores = client.post("/prioritize", {"Pod": pod, "NodeNames": ["gpu-a", "gpu-b"]})[1]
+    assert max(scores, key=lambda entry: entry["Score"]) == {"Host": "gpu-b", "Score": 10}
+    assert client.post("/bind", bind_args(pod, "gpu-b"))[1] == {"Error": ""}
     stored = cluster.pod("default", "web")
-    assert stored["spec"]["nodeName"] == "cpu-only"
+    assert stored["spec"]["nodeName"] == "gpu-b"
     assert "gpu-sched/gpus" not in stored["metadata"].get("annotations", {})
 
 
@@ -313,6 +325,67 @@ def test_missing_content_length_and_unknown_paths(cluster: Any,
     connection.close()
     assert client.post("/preempt", {})[0] == 404
     assert client.get("/healthz") == (200, {"status": "ok"})
+
+
+def _raw_post(client: Any, length: str, body: bytes = b"") -> tuple[int, dict[str, Any], str]:
+    """A POST /filter with the Content-Length header as given: status, body, Connection header."""
+    host, port = client.base_url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    connection.putrequest("POST", "/filter")
+    connection.putheader("Content-Length", length)
+    connection.endheaders(body)
+    response = connection.getresponse()
+    answer = (response.status, json.loads(response.read()), response.getheader("Connection", ""))
+    connection.close()
+    return answer
+
+
+@pytest.mark.parametrize("length", ["\u00b2", "-5", "0x10", "12, 12", ""])
+def test_a_bad_content_length_gets_400(length: str, cluster: Any,
+                                       start_extender: Callable[..., Any]) -> None:
+    status, result, connection = _raw_post(start_extender(), length, b"{}")
+    assert status == 400 and connection == "close"
+    assert result["Error"].startswith("Content-Length must be a decimal byte count")
+
+
+def test_a_body_over_the_limit_gets_413_unread(cluster: Any,
+                                               start_extender: Callable[..., Any]) -> None:
+    client = start_extender()
+    status, result, connection = _raw_post(client, str(MAX_BODY_BYTES + 1))
+    assert (status, connection) == (413, "close")
+    assert result == {"Error": f"body of {MAX_BODY_BYTES + 1} bytes is over the "
+                               f"{MAX_BODY_BYTES}-byte limit"}
+    assert client.get("/healthz") == (200, {"status": "ok"})
+
+
+def test_a_stalled_client_is_answered_408_and_an_idle_one_dropped(
+        cluster: Any, start_extender: Callable[..., Any]) -> None:
+    client = start_extender(read_timeout=0.5)
+    host, port = client.base_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as stalled:
+        stalled.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        started = time.monotonic()
+        answer = b""
+        while chunk := stalled.recv(4096):
+            answer += chunk
+        assert time.monotonic() - started < 5
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    assert answer.endswith(b'{"Error": "no body bytes for 0.5 s"}')
+    with socket.create_connection((host, int(port)), timeout=10) as idle:
+        started = time.monotonic()
+        assert idle.recv(4096) == b""
+        assert time.monotonic() - started < 5
+    assert client.get("/healthz") == (200, {"status": "ok"})
+
+
+def test_unknown_node_names_get_one_reason(cluster: Any,
+                                           start_extender: Callable[..., Any]) -> None:
+    args = captured("filter_args_names.json")
+    args["NodeNames"] = ["gpu-a", *(f"made-up-{i}" for i in range(1000))]
+    result = start_extender().post("/filter", args)[1]
+    assert result["NodeNames"] == ["gpu-a"]
+    assert result["FailedNodes"] == {"made-up-0": "unknown node: the API server lists no node of "
+                                     "this name (nor of 999 more names asked about, left out)"}
 
 
 def test_go_style_case_insensitive_field_names(cluster: Any,
@@ -388,3 +461,62 @@ def test_mangled_captured_bodies_never_crash_the_extender(
             if status == 400:
                 assert result["Error"] and "\n" not in result["Error"]
     assert statuses == {200, 400}
+
+
+def _eight_gpu_cluster(fake_api: Any, pod_json: Callable[..., dict],
+                       node_json: Callable[..., dict]) -> dict[str, Any]:
+    fake_api.add_node(node_json("one", gpus=8))
+    fake_api.add_node(node_json("two", gpus=8))
+    return fake_api.add_pod(pod_json("first", gpus=8))
+
+
+def _next_eight_gpu_pod_avoids_node_one(fake_api: Any, pod_json: Callable[..., dict],
+                                        client: Any) -> None:
+    assert fake_api.pod("default", "first")["metadata"]["annotations"]["gpu-sched/gpus"] == \
+        "0,1,2,3,4,5,6,7"
+    second = fake_api.add_pod(pod_json("second", gpus=8))
+    result = client.post("/filter", {"Pod": second, "NodeNames": ["one", "two"]})[1]
+    assert result["NodeNames"] == ["two"]
+    assert result["FailedNodes"] == {"one": "only 0 of 8 GPUs free, pod asks 8"}
+    assert client.post("/bind", bind_args(second, "one"))[1] == {
+        "Error": "node one: only 0 of 8 GPUs free, pod asks 8"}
+    assert "gpu-sched/gpus" not in fake_api.pod("default", "second")["metadata"].get(
+        "annotations", {})
+
+
+def test_retried_bind_with_a_late_pod_read_keeps_the_running_pods_gpus(
+        fake_api: Any, pod_json: Callable[..., dict], node_json: Callable[..., dict],
+        start_extender: Callable[..., Any]) -> None:
+    """Pod reads answered 0.4 s late: the retry reads the pod before the first bind lands and
+    gets the answer after the first bind settled."""
+    first = _eight_gpu_cluster(fake_api, pod_json, node_json)
+    client = start_extender()
+    assert client.post("/filter", {"Pod": first, "NodeNames": ["one", "two"]})[1][
+        "NodeNames"] == ["one", "two"]
+    fake_api.pod_read_delay = 0.4
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        original = pool.submit(client.post, "/bind", bind_args(first, "one"))
+        deadline = time.monotonic() + 5
+        while fake_api.pod_reads == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        retry = pool.submit(client.post, "/bind", bind_args(first, "one"))
+        assert original.result() == (200, {"Error": ""})
+        assert retry.result() == (200, {"Error": ""})
+    assert fake_api.bindings_landed == 1
+    fake_api.pod_read_delay = 0.0
+    _next_eight_gpu_pod_avoids_node_one(fake_api, pod_json, client)
+
+
+def test_a_409_for_a_binding_that_landed_keeps_the_pods_gpus(
+        fake_api: Any, pod_json: Callable[..., dict], node_json: Callable[..., dict],
+        start_extender: Callable[..., Any]) -> None:
+    """The binding goes through but the extender hears 409 (its answer lost, a retry refused)."""
+    first = _eight_gpu_cluster(fake_api, pod_json, node_json)
+    client = start_extender()
+    fake_api.lost_binding_answers = 1
+    assert client.post("/bind", bind_args(first, "one")) == (200, {"Error": ""})
+    assert client.post("/bind", bind_args(first, "one")) == (200, {"Error": ""})
+    assert fake_api.bindings_landed == 1
+    assert fake_api.pod("default", "first")["spec"]["nodeName"] == "one"
+    _next_eight_gpu_pod_avoids_node_one(fake_api, pod_json, client)

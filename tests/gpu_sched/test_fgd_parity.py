@@ -1,4 +1,5 @@
-"""The extender's fgd weighs CPU and memory as the arrival simulator's fgd does.
+"""The extender's fgd weighs CPU and memory as the arrival simulator's fgd does, and places
+CPU-only pods as it does.
 
 Over HTTP, the extender places a pod sequence as the simulator does on the same cluster: nodes
 whose allocatable CPU and memory are written as Kubernetes quantities on the extender's side and
@@ -36,12 +37,14 @@ PODS = [
     ("share-1", "2", "4Gi", 0, 500, "", 2000, 4096),
     ("one-gpu-2", "8000m", "16384Mi", 1, 0, "", 8000, 16384),
     ("four-gpu-1", "32", "64Gi", 4, 0, "", 32000, 65536),
+    ("cpu-only-1", "12", "48Gi", 0, 0, "", 12000, 49152),
     ("share-2", "2", "4Gi", 0, 250, "", 2000, 4096),
     ("t4-1", "4", "8Gi", 1, 0, "T4", 4000, 8192),
     ("one-gpu-3", "8", "16Gi", 1, 0, "", 8000, 16384),
     ("share-3", "2", "4Gi", 0, 500, "", 2000, 4096),
     ("four-gpu-2", "32", "64Gi", 4, 0, "", 32000, 65536),
     ("one-gpu-4", "8", "16Gi", 1, 0, "", 8000, 16384),
+    ("cpu-only-2", "4", "200Gi", 0, 0, "", 4000, 204800),
     ("share-4", "2", "4Gi", 0, 500, "V100|T4", 2000, 4096),
     ("one-gpu-5", "8", "16Gi", 1, 0, "", 8000, 16384),
     ("four-gpu-3", "32", "64Gi", 4, 0, "", 32000, 65536),
@@ -124,7 +127,7 @@ def test_extender_fgd_places_as_the_simulators_fgd(
     assert placed == expected
     rooms: dict[str, list[int]] = {name: [1000] * gpus for name, _, _, gpus, *_ in NODES}
     for (_, name), pod in fake_api.pods.items():
-        if not pod["spec"].get("nodeName"):
+        if "gpu-sched/gpus" not in pod["metadata"].get("annotations", {}):
             continue
         milli = next(p[4] for p in PODS if p[0] == name) or 1000
         for gpu in map(int, pod["metadata"]["annotations"]["gpu-sched/gpus"].split(",")):
