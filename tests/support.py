@@ -147,6 +147,12 @@ _EXAMPLE_SCRIPT = """set -e
 avafs_mounts() {{
   awk '$3 == "fuse.avafs" {{print $2}}' /proc/self/mounts
 }}
+ip link set lo up
+for directory in /mnt /srv /var/lib /var/cache; do
+  awk -v top="$directory" '$2 == top || index($2, top "/") == 1 {{print $2}}' /proc/self/mounts |
+    sort -r | while read -r mounted; do umount -l "$mounted" 2>/dev/null || true; done
+  mount -t tmpfs readme-example "$directory"
+done
 inherited=$(avafs_mounts)
 cleanup() {{
   for mounted in $(avafs_mounts); do
@@ -154,10 +160,6 @@ cleanup() {{
   done
 }}
 trap cleanup EXIT
-ip link set lo up
-for directory in /mnt /srv /var/lib /var/cache; do
-  mount -t tmpfs readme-example "$directory"
-done
 mount --bind {root}/hosts /etc/hosts
 {setup}
 cd {root}/work
@@ -170,7 +172,9 @@ def run_example(root: Path, body: str, setup: str = "",
     """Run a README example (shell) as written, in private mount and network namespaces.
 
     The examples name /mnt/..., /srv/..., /var/lib/..., the default cache dir under /var/cache
-    and hosts such as `coordinator`: here tmpfs covers those directories, /etc/hosts maps
+    and hosts such as `coordinator`: here tmpfs covers those directories, with the host's
+    mounts under them (a user's own /mnt/imagenet, say) detached first, since `avafs mount`
+    refuses a path the mount table names whatever covers it; /etc/hosts maps
     EXAMPLE_HOSTS to the loopback, and `avafs` and `python3` are this interpreter, so the
     example touches nothing outside. `setup` (shell) runs first (in `root`); the example runs
     in `root/work`, and every avafs mount it made is unmounted at the end (the namespace's

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -109,3 +111,36 @@ def test_warmup_status_refresh_flush_evict_example(tmp_path):
     assert "avafs mount /mnt/imagenet (pid " in output
     assert "refreshed /mnt/imagenet/train" in output
     assert "evicted " in output and " of 2 files" in output
+
+
+_WITH_THE_USERS_MOUNT = """
+import subprocess
+import sys
+from pathlib import Path
+
+from support import run_example
+
+for target in ("/mnt", "/mnt/imagenet"):
+    Path(target).mkdir(exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "users-mount", target], check=True)
+result = run_example(Path(sys.argv[1]), sys.argv[2], setup=sys.argv[3])
+print(result.stdout, end="")
+print(result.stderr, end="", file=sys.stderr)
+sys.exit(result.returncode)
+"""
+
+
+def test_examples_run_while_the_user_has_the_readmes_mount(tmp_path):
+    """A user who followed "Mounting" has /mnt/imagenet mounted, and the examples mount there
+    too: the harness must not see the host's mounts at the paths it gives the examples. (The
+    user's mount is made in a namespace of this test's own, over a tmpfs at /mnt.)"""
+    body = ("mkdir -p /mnt/imagenet\navafs mount file:///srv/bucket /mnt/imagenet\n"
+            "cat /mnt/imagenet/sample.txt\navafs umount /mnt/imagenet")
+    setup = "mkdir -p /srv/bucket\necho sample > /srv/bucket/sample.txt"
+    result = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", sys.executable, "-c",
+         _WITH_THE_USERS_MOUNT, str(tmp_path), body, setup],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'tests'}"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["sample"]
