@@ -2,10 +2,10 @@
 `mount -t fuse.avafs` and for /etc/fstab lines of type fuse.avafs, as `avafs mount`.
 
 An option is an `avafs mount` flag's long name with underscores, as in a config file
-(`cache_dir=/var/cache/imagenet`, `read_only`), or `ro`, fstab's spelling of `read_only`.
-mount(8) also hands the helper the options that tell it or systemd when and how to mount
-(`defaults`, `noauto`, `nofail`, `_netdev`, `x-systemd.*`, ...): they mean nothing to avafs
-and are dropped. Anything else is refused in one line, before anything is mounted.
+(`cache_dir=/var/cache/imagenet`, `read_only`, `noexec`), or `ro`, fstab's spelling of
+`read_only`. mount(8) also hands the helper the options that tell it or systemd when and how to
+mount (`defaults`, `noauto`, `nofail`, `_netdev`, `x-systemd.*`, ...): they mean nothing to
+avafs and are dropped. Anything else is refused in one line, before anything is mounted.
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ from .errors import AvafsError
 
 PROG = "mount.fuse.avafs"
 FSTAB_SPELLINGS = {"ro": "read_only"}
-FOR_MOUNT_ONLY = frozenset({"rw", "defaults", "auto", "noauto", "nofail", "_netdev", "user",
-                            "users", "nouser"})
-"""Options mount(8) and systemd act on themselves; `x-` options (`x-systemd.automount`) too."""
+FOR_MOUNT_ONLY = frozenset({"defaults", "auto", "noauto", "nofail", "_netdev", "user", "users",
+                            "nouser", "rw", "exec", "nosuid", "nodev"})
+"""Options mount(8) and systemd act on themselves (`x-` ones too, `x-systemd.automount`), and
+those every avafs mount has: `rw` and `exec` unless told otherwise, `nosuid` and `nodev` always
+(as every FUSE mount). mount(8) turns `user` and `users` into `noexec,nosuid,nodev`."""
 
 
 def mount_flags(options: str, sloppy: bool = False) -> list[str]:

@@ -161,6 +161,8 @@ cleanup() {{
 }}
 trap cleanup EXIT
 mount --bind {root}/hosts /etc/hosts
+sbin=$(realpath /sbin)
+mount -t overlay readme-helpers -o "lowerdir={root}/sbin:$sbin" "$sbin"
 {setup}
 cd {root}/work
 {body}
@@ -175,10 +177,11 @@ def run_example(root: Path, body: str, setup: str = "",
     and hosts such as `coordinator`: here tmpfs covers those directories, with the host's
     mounts under them (a user's own /mnt/imagenet, say) detached first, since `avafs mount`
     refuses a path the mount table names whatever covers it; /etc/hosts maps
-    EXAMPLE_HOSTS to the loopback, and `avafs` and `python3` are this interpreter, so the
-    example touches nothing outside. `setup` (shell) runs first (in `root`); the example runs
-    in `root/work`, and every avafs mount it made is unmounted at the end (the namespace's
-    copies of other mounts are left alone). It runs in a PID namespace of its own, so whatever
+    EXAMPLE_HOSTS to the loopback, and `avafs`, `python3` and the `mount.fuse.avafs` that
+    mount(8) finds in /sbin are this interpreter, so the example touches nothing outside.
+    `setup` (shell) runs first (in `root`); the example runs in `root/work`, and every avafs
+    mount it made is unmounted at the end (the namespace's copies of other mounts are left
+    alone). It runs in a PID namespace of its own, so whatever
     it left running in the background (a coordinator, a server) dies with it: such a process
     would otherwise hold the namespace's copies of other tests' FUSE mounts, and their daemons
     could not exit. Its TMPDIR is a folder of its own, removed after it, since what dies with
@@ -187,11 +190,12 @@ def run_example(root: Path, body: str, setup: str = "",
     """
     (root / "work").mkdir(parents=True, exist_ok=True)
     (root / "hosts").write_text(f"127.0.0.1 localhost {' '.join(EXAMPLE_HOSTS)}\n")
-    commands = root / "bin"
-    commands.mkdir(exist_ok=True)
-    for name, arguments in (("avafs", "-m avafs"), ("python3", "")):
-        (commands / name).write_text(f'#!/bin/sh\nexec {sys.executable} {arguments} "$@"\n')
-        (commands / name).chmod(0o755)
+    commands, helpers = root / "bin", root / "sbin"
+    for folder, name, arguments in ((commands, "avafs", "-m avafs"), (commands, "python3", ""),
+                                    (helpers, "mount.fuse.avafs", "-m avafs.mount_helper")):
+        folder.mkdir(exist_ok=True)
+        (folder / name).write_text(f'#!/bin/sh\nexec {sys.executable} {arguments} "$@"\n')
+        (folder / name).chmod(0o755)
     script = _EXAMPLE_SCRIPT.format(root=root, setup=f"cd {root}\n{setup}", body=body)
     repo = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory(prefix="avafs-example-") as temp:

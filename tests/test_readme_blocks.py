@@ -144,3 +144,55 @@ def test_examples_run_while_the_user_has_the_readmes_mount(tmp_path):
         env={**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'tests'}"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["sample"]
+
+
+def profile_setup(tmp_path: Path) -> str:
+    """S3_SETUP with the store's credentials only in the AWS profile `datasets` (nothing in the
+    environment), as the README's fstab line and service take them."""
+    (tmp_path / "aws-config").write_text(
+        "[profile datasets]\n"
+        f"aws_access_key_id = {TEST_CREDENTIALS['AWS_ACCESS_KEY_ID']}\n"
+        f"aws_secret_access_key = {TEST_CREDENTIALS['AWS_SECRET_ACCESS_KEY']}\n"
+        "region = us-east-1\n")
+    return (f"unset AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_PROFILE\n"
+            f"export AWS_CONFIG_FILE={tmp_path}/aws-config\n"
+            f"AWS_PROFILE=datasets sh -e <<'SETUP'\n{S3_SETUP}\nSETUP")
+
+
+def test_mount_type_and_fstab_examples(tmp_path):
+    """`mount -t fuse.avafs`, then `mount MOUNTPOINT` of the README's /etc/fstab line, through
+    the helper mount(8) finds in /sbin."""
+    (tmp_path / "fstab").write_text(marked_block(README, "s3://datasets/imagenet "))
+    setup = f"{profile_setup(tmp_path)}\nmount --bind {tmp_path}/fstab /etc/fstab"
+    body = "\n".join([
+        "export AWS_PROFILE=datasets",
+        marked_block(README, "mount -t fuse.avafs s3://datasets/imagenet"),
+        "unset AWS_PROFILE",
+        "mount /mnt/imagenet",
+        "ls /mnt/imagenet/train | wc -l",
+        "touch /mnt/imagenet/new 2>/dev/null || echo read-only",
+        "avafs umount /mnt/imagenet",
+    ])
+    result = run_example(tmp_path, body, setup=setup)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["00.jpg", "01.jpg", "02.jpg", "12", "read-only"]
+
+
+def test_systemd_service_example(tmp_path):
+    """The unit's ExecStart, as systemd runs it, mounts and logs to its stderr (the journal);
+    its ExecStop unmounts, and the service's process ends."""
+    unit = marked_block(README, "# /etc/systemd/system/avafs-imagenet.service")
+    [start] = re.findall(r"^ExecStart=(.*)$", unit, re.MULTILINE)
+    [stop] = re.findall(r"^ExecStop=(.*)$", unit, re.MULTILINE)
+    body = "\n".join([
+        f"{start} &",
+        "service=$!",
+        "for attempt in $(seq 600); do mountpoint -q /mnt/imagenet && break; sleep 0.1; done",
+        "ls /mnt/imagenet/train | wc -l",
+        stop,
+        "wait $service && echo stopped",
+    ])
+    result = run_example(tmp_path, body, setup=profile_setup(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["12", "stopped"]
+    assert "INFO avafs: mounted s3://datasets/imagenet at /mnt/imagenet" in result.stderr
