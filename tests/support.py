@@ -24,6 +24,16 @@ TEST_CREDENTIALS = {
 }
 
 
+def write_aws_profile(path: Path, profile: str) -> Path:
+    """An AWS config file (for AWS_CONFIG_FILE) whose profile `profile` holds the test
+    server's keys."""
+    path.write_text(f"[profile {profile}]\n"
+                    f"aws_access_key_id = {TEST_CREDENTIALS['AWS_ACCESS_KEY_ID']}\n"
+                    f"aws_secret_access_key = {TEST_CREDENTIALS['AWS_SECRET_ACCESS_KEY']}\n"
+                    f"region = {TEST_CREDENTIALS['AWS_DEFAULT_REGION']}\n")
+    return path
+
+
 class S3Server:
     """A moto standalone server; `requests()` reads the server's own access log."""
 

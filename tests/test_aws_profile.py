@@ -5,17 +5,14 @@ line, and the keys are printed nowhere."""
 from __future__ import annotations
 
 import pytest
-from support import TEST_CREDENTIALS, run_avafs
+from support import TEST_CREDENTIALS, run_avafs, write_aws_profile
 
 
 @pytest.fixture
 def profile_only(tmp_path, monkeypatch, s3_server, bucket) -> str:
     """The test bucket, whose keys are only in the AWS profile `datasets` of a config file."""
     s3_server.client().put_object(Bucket=bucket, Key="train/0.bin", Body=b"sample")
-    config = tmp_path / "aws-config"
-    config.write_text("[profile datasets]\n"
-                      f"aws_access_key_id = {TEST_CREDENTIALS['AWS_ACCESS_KEY_ID']}\n"
-                      f"aws_secret_access_key = {TEST_CREDENTIALS['AWS_SECRET_ACCESS_KEY']}\n")
+    config = write_aws_profile(tmp_path / "aws-config", "datasets")
     monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import TEST_CREDENTIALS, code_blocks, marked_block, run_example
+from support import TEST_CREDENTIALS, code_blocks, marked_block, run_example, write_aws_profile
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
@@ -149,13 +149,9 @@ def test_examples_run_while_the_user_has_the_readmes_mount(tmp_path):
 def profile_setup(tmp_path: Path) -> str:
     """S3_SETUP with the store's credentials only in the AWS profile `datasets` (nothing in the
     environment), as the README's fstab line and service take them."""
-    (tmp_path / "aws-config").write_text(
-        "[profile datasets]\n"
-        f"aws_access_key_id = {TEST_CREDENTIALS['AWS_ACCESS_KEY_ID']}\n"
-        f"aws_secret_access_key = {TEST_CREDENTIALS['AWS_SECRET_ACCESS_KEY']}\n"
-        "region = us-east-1\n")
+    config = write_aws_profile(tmp_path / "aws-config", "datasets")
     return (f"unset AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_PROFILE\n"
-            f"export AWS_CONFIG_FILE={tmp_path}/aws-config\n"
+            f"export AWS_CONFIG_FILE={config}\n"
             f"AWS_PROFILE=datasets sh -e <<'SETUP'\n{S3_SETUP}\nSETUP")
 
 
