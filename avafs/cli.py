@@ -24,7 +24,6 @@ from . import __version__
 from .client import Client, dead_mount_error
 from .config.cache_dir import (
     default_cache_root,
-    log_path,
     open_log_for_append,
     prepare_cache_dir,
     remove_unused,
@@ -169,7 +168,7 @@ def _add_control_parsers(commands: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="avafs", description="A caching filesystem for training jobs: "
                            "object-storage buckets as one local directory tree.")
-    parser.add_argument("--version", action="version", version=f"avafs {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"avafs {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                      parser_class=OneLineParser)
     _add_mount_parser(commands)
@@ -180,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _RECOVER_OPTIONS = ("cluster_cache", "cluster_endpoint_url", "cluster_profile", "cluster_timeout",
-                    "etcd", "cluster_lease_ttl", "endpoint_url", "region")
+                    "etcd", "cluster_lease_ttl", "endpoint_url", "region", "profile")
 """The mount options `avafs recover` takes: where the cluster is, and how to reach origins."""
 
 
@@ -199,7 +198,7 @@ def _add_recover_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _recover(args: argparse.Namespace) -> int:
-    from .stores import open_cluster_bucket, open_store
+    from .stores import open_cluster_bucket, open_store, use_profile
     from .writeback.cluster.coordination import Etcd, EtcdUnavailable
     from .writeback.cluster.queue import ClusterQueue, cluster_id
     from .writeback.cluster.takeover import Takeover, recover
@@ -211,6 +210,7 @@ def _recover(args: argparse.Namespace) -> int:
     if not values["cluster_cache"] or not values["etcd"]:
         raise AvafsError("recover needs the cluster's --cluster-cache s3://BUCKET[/prefix] and "
                          "--etcd URL[,URL...], as its mounts were given")
+    use_profile(values["profile"])
     bucket = open_cluster_bucket(values["cluster_cache"], values["cluster_endpoint_url"],
                                  values["cluster_profile"], values["cluster_timeout"])
     etcd = Etcd(values["etcd"], timeout=5.0)
@@ -274,8 +274,9 @@ def mount_options_from_args(args: argparse.Namespace,
             if warning:
                 warnings.append(warning)
     options = build_mount_options(sources, values)
-    from .stores import open_store
+    from .stores import open_store, use_profile
 
+    use_profile(options.profile)
     for url in options.sources.values():
         open_store(url, options.endpoint_url, options.region)
     return options, Path(os.path.abspath(args.targets[-1]))
@@ -293,8 +294,8 @@ def daemon_argv(args: argparse.Namespace, options: MountOptions, mountpoint: Pat
     argv.append(str(mountpoint))
     for spec in MOUNT_OPTIONS:
         given = getattr(args, spec.name)
-        if spec.name == "cache_dir":
-            argv.append(f"{spec.flag}={options.cache_dir}")
+        if spec.name in ("cache_dir", "log_file"):  # settled, absolute
+            argv.append(f"{spec.flag}={getattr(options, spec.name)}")
         elif given is not None:
             argv.append(spec.flag if spec.is_flag else f"{spec.flag}={given}")
     return argv
@@ -340,8 +341,13 @@ def _warn_of_unuploaded_writes(cache_dir: Path) -> None:
 
 def _start_daemon(options: MountOptions, argv: list[str]) -> int:
     created = prepare_cache_dir(options.cache_dir)
+    try:
+        log_file = open_log_for_append(options.log_file)
+    except AvafsError:
+        if created:
+            remove_unused(options.cache_dir)
+        raise
     read_end, write_end = os.pipe()
-    log_file = open_log_for_append(options.cache_dir)
     try:
         daemon = subprocess.Popen(
             [sys.executable, "-m", "avafs", *argv, "--ready-fd", str(write_end)],
@@ -355,7 +361,7 @@ def _start_daemon(options: MountOptions, argv: list[str]) -> int:
             print(f"avafs: {message}", file=sys.stderr)
     if message == "ready":
         return 0
-    log = log_path(options.cache_dir)
+    log = options.log_file
     if not message:
         daemon.wait(timeout=_DAEMON_START_TIMEOUT)
         message = (f"error: the mount daemon exited ({daemon.returncode}) before the mount was "

@@ -34,7 +34,7 @@ from .config.cache_dir import (
     PID_FILE,
     PRIVATE_UMASK,
     WRITEBACK_DIR,
-    log_path,
+    open_log_for_append,
     prepare_cache_dir,
     remove_unused,
 )
@@ -67,11 +67,12 @@ log = logging.getLogger("avafs")
 
 
 def setup_logging(options: MountOptions, foreground: bool) -> None:
-    """The log file in the cache dir always; in the foreground stderr too, terminal or not:
-    a container's or a service manager's log is the foreground daemon's stderr. (In the
-    background stderr is the log file itself, so it gets no second handler.)"""
-    handler = logging.handlers.RotatingFileHandler(log_path(options.cache_dir),
-                                                   maxBytes=20 * 2**20, backupCount=3)
+    """The log file (--log-file, by default in the cache dir) always; in the foreground stderr
+    too, terminal or not: a container's or a service manager's log is the foreground daemon's
+    stderr. (In the background stderr is the log file itself, so it gets no second handler.)"""
+    os.close(open_log_for_append(options.log_file))  # owner-only, or a one-line error
+    handler = logging.handlers.RotatingFileHandler(options.log_file, maxBytes=20 * 2**20,
+                                                   backupCount=3)
     handlers: list[logging.Handler] = [handler]
     if foreground:
         handlers.append(logging.StreamHandler())
@@ -263,7 +264,13 @@ def serve(options: MountOptions, mountpoint: Path, ready_fd: int | None) -> int:
     except AvafsError as error:
         _report(ready_fd, f"error: {error}")
         return 1
-    setup_logging(options, foreground=ready_fd is None)
+    try:
+        setup_logging(options, foreground=ready_fd is None)
+    except AvafsError as error:
+        _report(ready_fd, f"error: {error}")
+        if created:
+            remove_unused(options.cache_dir)
+        return 1
     with ExitStack() as exits:
         try:
             lock_cache_dir(options.cache_dir, exits)
@@ -278,6 +285,8 @@ def serve(options: MountOptions, mountpoint: Path, ready_fd: int | None) -> int:
                 fuse_options.add("allow_other")
             if options.read_only:
                 fuse_options.add("ro")
+            if options.noexec:
+                fuse_options.add("noexec")
             pyfuse3.init(filesystem.operations, str(mountpoint), fuse_options)
             for warning in filesystem.warnings:
                 _report(ready_fd, f"warning: {warning}", last=False)
@@ -289,7 +298,7 @@ def serve(options: MountOptions, mountpoint: Path, ready_fd: int | None) -> int:
             return 1
         except Exception as error:
             log.exception("mount failed")
-            _report(ready_fd, f"error: mount failed: {error} (see {log_path(options.cache_dir)})")
+            _report(ready_fd, f"error: mount failed: {error} (see {options.log_file})")
             return 1
         (options.cache_dir / PID_FILE).write_text(f"{os.getpid()}\n")
         log.info("mounted %s at %s (pid %d)", ", ".join(options.sources.values()), mountpoint,

@@ -7,8 +7,10 @@
 #   scripts/build_pyfuse3.sh install      # build it and install it (skipped if installed)
 #   scripts/build_pyfuse3.sh wheel DIR    # build the wheel into DIR (the CSI image)
 #
-# Needs gcc, pkg-config and libfuse3-dev; Cython and setuptools_scm are installed for the
-# build in the current environment (an isolated build fetches them every time, and slower).
+# Builds for, and installs into, the python3 first on PATH (scripts/install.sh puts its
+# virtual environment's there). Needs gcc, pkg-config, libfuse3-dev and that Python's headers
+# (python3-dev for Debian's); Cython and setuptools_scm are installed for the build in the same
+# environment (an isolated build fetches them every time, and slower).
 # avafs runs on stock pyfuse3 too, with one to three more round trips per file read and more
 # per directory read (third_party/pyfuse3/README.md).
 set -euo pipefail

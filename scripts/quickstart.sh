@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-python3 -m scripts.quickstart "$@"
+.venv/bin/python -m scripts.quickstart "$@"

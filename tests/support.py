@@ -24,6 +24,16 @@ TEST_CREDENTIALS = {
 }
 
 
+def write_aws_profile(path: Path, profile: str) -> Path:
+    """An AWS config file (for AWS_CONFIG_FILE) whose profile `profile` holds the test
+    server's keys."""
+    path.write_text(f"[profile {profile}]\n"
+                    f"aws_access_key_id = {TEST_CREDENTIALS['AWS_ACCESS_KEY_ID']}\n"
+                    f"aws_secret_access_key = {TEST_CREDENTIALS['AWS_SECRET_ACCESS_KEY']}\n"
+                    f"region = {TEST_CREDENTIALS['AWS_DEFAULT_REGION']}\n")
+    return path
+
+
 class S3Server:
     """A moto standalone server; `requests()` reads the server's own access log."""
 
@@ -147,6 +157,12 @@ _EXAMPLE_SCRIPT = """set -e
 avafs_mounts() {{
   awk '$3 == "fuse.avafs" {{print $2}}' /proc/self/mounts
 }}
+ip link set lo up
+for directory in /mnt /srv /var/lib /var/cache; do
+  awk -v top="$directory" '$2 == top || index($2, top "/") == 1 {{print $2}}' /proc/self/mounts |
+    sort -r | while read -r mounted; do umount -l "$mounted" 2>/dev/null || true; done
+  mount -t tmpfs readme-example "$directory"
+done
 inherited=$(avafs_mounts)
 cleanup() {{
   for mounted in $(avafs_mounts); do
@@ -154,11 +170,9 @@ cleanup() {{
   done
 }}
 trap cleanup EXIT
-ip link set lo up
-for directory in /mnt /srv /var/lib /var/cache; do
-  mount -t tmpfs readme-example "$directory"
-done
 mount --bind {root}/hosts /etc/hosts
+sbin=$(realpath /sbin)
+mount -t overlay readme-helpers -o "lowerdir={root}/sbin:$sbin" "$sbin"
 {setup}
 cd {root}/work
 {body}
@@ -170,11 +184,14 @@ def run_example(root: Path, body: str, setup: str = "",
     """Run a README example (shell) as written, in private mount and network namespaces.
 
     The examples name /mnt/..., /srv/..., /var/lib/..., the default cache dir under /var/cache
-    and hosts such as `coordinator`: here tmpfs covers those directories, /etc/hosts maps
-    EXAMPLE_HOSTS to the loopback, and `avafs` and `python3` are this interpreter, so the
-    example touches nothing outside. `setup` (shell) runs first (in `root`); the example runs
-    in `root/work`, and every avafs mount it made is unmounted at the end (the namespace's
-    copies of other mounts are left alone). It runs in a PID namespace of its own, so whatever
+    and hosts such as `coordinator`: here tmpfs covers those directories, with the host's
+    mounts under them (a user's own /mnt/imagenet, say) detached first, since `avafs mount`
+    refuses a path the mount table names whatever covers it; /etc/hosts maps
+    EXAMPLE_HOSTS to the loopback, and `avafs`, `python3` and the `mount.fuse.avafs` that
+    mount(8) finds in /sbin are this interpreter, so the example touches nothing outside.
+    `setup` (shell) runs first (in `root`); the example runs in `root/work`, and every avafs
+    mount it made is unmounted at the end (the namespace's copies of other mounts are left
+    alone). It runs in a PID namespace of its own, so whatever
     it left running in the background (a coordinator, a server) dies with it: such a process
     would otherwise hold the namespace's copies of other tests' FUSE mounts, and their daemons
     could not exit. Its TMPDIR is a folder of its own, removed after it, since what dies with
@@ -183,11 +200,12 @@ def run_example(root: Path, body: str, setup: str = "",
     """
     (root / "work").mkdir(parents=True, exist_ok=True)
     (root / "hosts").write_text(f"127.0.0.1 localhost {' '.join(EXAMPLE_HOSTS)}\n")
-    commands = root / "bin"
-    commands.mkdir(exist_ok=True)
-    for name, arguments in (("avafs", "-m avafs"), ("python3", "")):
-        (commands / name).write_text(f'#!/bin/sh\nexec {sys.executable} {arguments} "$@"\n')
-        (commands / name).chmod(0o755)
+    commands, helpers = root / "bin", root / "sbin"
+    for folder, name, arguments in ((commands, "avafs", "-m avafs"), (commands, "python3", ""),
+                                    (helpers, "mount.fuse.avafs", "-m avafs.mount_helper")):
+        folder.mkdir(exist_ok=True)
+        (folder / name).write_text(f'#!/bin/sh\nexec {sys.executable} {arguments} "$@"\n')
+        (folder / name).chmod(0o755)
     script = _EXAMPLE_SCRIPT.format(root=root, setup=f"cd {root}\n{setup}", body=body)
     repo = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory(prefix="avafs-example-") as temp:

@@ -43,6 +43,7 @@ def mnt(tmp_path):
 
 def test_version_and_help():
     assert run_avafs("--version").stdout.startswith("avafs ")
+    assert run_avafs("-V").stdout == run_avafs("--version").stdout
     for command in ([], ["mount"], ["umount"]):
         result = run_avafs(*command, "--help")
         assert result.returncode == 0 and "usage:" in result.stdout

@@ -1,7 +1,8 @@
 """Paths a user gives are the caller's paths, and default cache dirs do not collide.
 
-The daemon runs from /, so every relative path (mountpoint, --config, --cache-dir, a manifest)
-must be resolved before it starts; a mount with defaults gets a cache dir of its own per source.
+The daemon runs from /, so every relative path (mountpoint, --config, --cache-dir, --log-file,
+a manifest) must be resolved before it starts; a mount with defaults gets a cache dir of its own
+per source.
 """
 
 from __future__ import annotations
@@ -103,3 +104,23 @@ cat warning.txt
         "avafs: warning: /var/cache/avafs, the cache dir every mount used by default before, "
         "holds 1 files not yet uploaded: mount its sources once with --cache-dir "
         "/var/cache/avafs to upload them")
+
+
+def test_log_file_relative_to_the_caller_and_one_line_when_it_cannot_be_opened(workdir,
+                                                                               local_bucket):
+    result = run_avafs("mount", local_bucket.as_uri(), "mnt", "--cache-dir", "cache",
+                       "--log-file", "logs/mount.log", cwd=workdir)
+    assert result.returncode == 1
+    assert result.stderr == (f"avafs: error: cannot open log file {workdir}/logs/mount.log: No "
+                             "such file or directory: give --log-file a file in a directory "
+                             "this user can write\n")
+    assert not (workdir / "cache").exists()
+
+    (workdir / "logs").mkdir()
+    result = run_avafs("mount", local_bucket.as_uri(), "mnt", "--cache-dir", "cache",
+                       "--log-file", "logs/mount.log", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert (workdir / "mnt" / "hello.txt").read_text() == "hello"
+    assert f"mounted {local_bucket.as_uri()} at {workdir}/mnt" in \
+        (workdir / "logs" / "mount.log").read_text()
+    assert not (workdir / "cache" / "avafs.log").exists()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import io
+import os
 import re
 import tokenize
 from pathlib import Path
@@ -44,8 +45,13 @@ _EXAMPLE_MARKS = ("*", "?", "{", "}", "<", ">", "$", "...")
 
 
 def _all_file_names() -> set[str]:
-    return {path.name for path in ROOT.rglob("*")
-            if path.is_file() and ".git" not in path.relative_to(ROOT).parts}
+    """Names of the repository's files, not of those in hidden folders: .git, and .venv, the
+    install's environment, whose thousands of files would name anything."""
+    names = set()
+    for _, subfolders, files in os.walk(ROOT):
+        subfolders[:] = [name for name in subfolders if not name.startswith(".")]
+        names.update(files)
+    return names
 
 
 FILE_NAMES = _all_file_names()

@@ -14,7 +14,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "avafs"
 
 LAYERS: list[list[str]] = [
-    ["avafs.__main__"],
+    ["avafs.__main__", "avafs.mount_helper"],
     ["avafs.cli"],
     ["avafs.client"],
     ["avafs.daemon"],

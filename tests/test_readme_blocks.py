@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from support import TEST_CREDENTIALS, code_blocks, marked_block, run_example
+from support import TEST_CREDENTIALS, code_blocks, marked_block, run_example, write_aws_profile
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
@@ -109,3 +111,84 @@ def test_warmup_status_refresh_flush_evict_example(tmp_path):
     assert "avafs mount /mnt/imagenet (pid " in output
     assert "refreshed /mnt/imagenet/train" in output
     assert "evicted " in output and " of 2 files" in output
+
+
+_WITH_THE_USERS_MOUNT = """
+import subprocess
+import sys
+from pathlib import Path
+
+from support import run_example
+
+for target in ("/mnt", "/mnt/imagenet"):
+    Path(target).mkdir(exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "users-mount", target], check=True)
+result = run_example(Path(sys.argv[1]), sys.argv[2], setup=sys.argv[3])
+print(result.stdout, end="")
+print(result.stderr, end="", file=sys.stderr)
+sys.exit(result.returncode)
+"""
+
+
+def test_examples_run_while_the_user_has_the_readmes_mount(tmp_path):
+    """A user who followed "Mounting" has /mnt/imagenet mounted, and the examples mount there
+    too: the harness must not see the host's mounts at the paths it gives the examples. (The
+    user's mount is made in a namespace of this test's own, over a tmpfs at /mnt.)"""
+    body = ("mkdir -p /mnt/imagenet\navafs mount file:///srv/bucket /mnt/imagenet\n"
+            "cat /mnt/imagenet/sample.txt\navafs umount /mnt/imagenet")
+    setup = "mkdir -p /srv/bucket\necho sample > /srv/bucket/sample.txt"
+    result = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", sys.executable, "-c",
+         _WITH_THE_USERS_MOUNT, str(tmp_path), body, setup],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'tests'}"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["sample"]
+
+
+def profile_setup(tmp_path: Path) -> str:
+    """S3_SETUP with the store's credentials only in the AWS profile `datasets` (nothing in the
+    environment), as the README's fstab line and service take them."""
+    config = write_aws_profile(tmp_path / "aws-config", "datasets")
+    return (f"unset AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_PROFILE\n"
+            f"export AWS_CONFIG_FILE={config}\n"
+            f"AWS_PROFILE=datasets sh -e <<'SETUP'\n{S3_SETUP}\nSETUP")
+
+
+def test_mount_type_and_fstab_examples(tmp_path):
+    """`mount -t fuse.avafs`, then `mount MOUNTPOINT` of the README's /etc/fstab line, through
+    the helper mount(8) finds in /sbin."""
+    (tmp_path / "fstab").write_text(marked_block(README, "s3://datasets/imagenet "))
+    setup = f"{profile_setup(tmp_path)}\nmount --bind {tmp_path}/fstab /etc/fstab"
+    body = "\n".join([
+        "export AWS_PROFILE=datasets",
+        marked_block(README, "mount -t fuse.avafs s3://datasets/imagenet"),
+        "unset AWS_PROFILE",
+        "mount /mnt/imagenet",
+        "ls /mnt/imagenet/train | wc -l",
+        "touch /mnt/imagenet/new 2>/dev/null || echo read-only",
+        "avafs umount /mnt/imagenet",
+    ])
+    result = run_example(tmp_path, body, setup=setup)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["00.jpg", "01.jpg", "02.jpg", "12", "read-only"]
+
+
+def test_systemd_service_example(tmp_path):
+    """The unit's ExecStart, as systemd runs it, mounts and logs to its stderr (the journal);
+    its ExecStop unmounts, and the service's process ends."""
+    unit = marked_block(README, "# /etc/systemd/system/avafs-imagenet.service")
+    [start] = re.findall(r"^ExecStart=(.*)$", unit, re.MULTILINE)
+    [stop] = re.findall(r"^ExecStop=(.*)$", unit, re.MULTILINE)
+    body = "\n".join([
+        f"{start} &",
+        "service=$!",
+        "for attempt in $(seq 600); do mountpoint -q /mnt/imagenet && break; sleep 0.1; done",
+        "ls /mnt/imagenet/train | wc -l",
+        stop,
+        "wait $service && echo stopped",
+    ])
+    result = run_example(tmp_path, body, setup=profile_setup(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["12", "stopped"]
+    assert "INFO avafs: mounted s3://datasets/imagenet at /mnt/imagenet" in result.stderr

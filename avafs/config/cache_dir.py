@@ -107,10 +107,15 @@ def remove_unused(cache_dir: Path) -> None:
             cache_dir.rmdir()
 
 
-def open_log_for_append(cache_dir: Path) -> int:
-    """The log file as a descriptor a child process can write to, created owner-only."""
-    return os.open(log_path(cache_dir), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
-                   PRIVATE_FILE_MODE)
+def open_log_for_append(path: Path) -> int:
+    """The log file as a descriptor a child process can write to, created owner-only; one
+    that cannot be opened is named in one line (a `--log-file` in a missing directory)."""
+    try:
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+                       PRIVATE_FILE_MODE)
+    except OSError as error:
+        raise AvafsError(f"cannot open log file {path}: {error.strerror}: give --log-file a "
+                         "file in a directory this user can write") from None
 
 
 def default_cache_root() -> Path:

@@ -7,8 +7,9 @@
     metadata_ttl: inf
 
 Errors name the file and line, because a config is usually written by hand and checked in; a
-mistyped key gets the nearest known one. A relative `cache_dir` is taken relative to the config
-file's directory, so a config checked in beside its cache works from any working directory.
+mistyped key gets the nearest known one. A relative `cache_dir` or `log_file` is taken relative
+to the config file's directory, so a config checked in beside its cache works from any working
+directory.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def load_config(path: Path, warnings: list[str] | None = None
                              "and mount flags' long names with underscores, e.g. disk_cache")
     if not sources:
         raise AvafsError(f"invalid config {path}: it has no 'namespace' mapping")
-    if values.get("cache_dir"):
-        values["cache_dir"] = str(path.absolute().parent / Path(values["cache_dir"]).expanduser())
+    for name in ("cache_dir", "log_file"):
+        if values.get(name):
+            values[name] = str(path.absolute().parent / Path(values[name]).expanduser())
     return sources, values

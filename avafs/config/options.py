@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import AvafsError
-from .cache_dir import default_cache_dir
+from .cache_dir import default_cache_dir, log_path
 from .durations import parse_duration, positive_duration
 from .sizes import decimal_letter_warning, parse_size
 
@@ -229,6 +229,8 @@ MOUNT_OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("immutable", _flag, False,
                "the data never changes: cache metadata forever, never revalidate", is_flag=True),
     OptionSpec("read_only", _flag, False, "refuse every write with EROFS", is_flag=True),
+    OptionSpec("noexec", _flag, False, "refuse to run programs from the mount (mount's noexec, "
+               "which fstab's user and users imply)", is_flag=True),
     OptionSpec("writeback", _choice("async", "sync", "cluster"), "async",
                "async: upload after close; sync: close waits for the upload; cluster: close "
                "waits until the file is staged in the --cluster-cache store and queued in "
@@ -246,6 +248,10 @@ MOUNT_OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("endpoint_url", _endpoint, None,
                "S3 endpoint (default: AWS_ENDPOINT_URL or AWS itself)", metavar="URL"),
     OptionSpec("region", _text, None, "S3 region (default: the AWS configuration's)", metavar="REGION"),
+    OptionSpec("profile", _text, None,
+               "AWS profile (in ~/.aws/config or ~/.aws/credentials) with the sources' "
+               "credentials (default: the AWS chain: AWS_PROFILE, AWS_* variables, the "
+               "default profile, an instance role)", metavar="PROFILE"),
     OptionSpec("store_timeout", positive_duration, 5.0,
                "seconds an S3 request without data (LIST, HEAD, DELETE) may take before it is "
                "retried; also how long a lookup in a directory never listed waits for a store "
@@ -303,6 +309,8 @@ MOUNT_OPTIONS: tuple[OptionSpec, ...] = (
                "gives the volume id)", metavar="NAME"),
     OptionSpec("log_level", _choice("debug", "info", "warning", "error"), "info",
                "log verbosity (default info)", metavar="LEVEL"),
+    OptionSpec("log_file", _text, None, "the daemon's log (default: avafs.log in the cache "
+               "dir)", metavar="FILE"),
 )
 OPTIONS_BY_NAME = {spec.name: spec for spec in MOUNT_OPTIONS}
 
@@ -329,12 +337,14 @@ class MountOptions:
     metadata_ttl: float
     immutable: bool
     read_only: bool
+    noexec: bool
     writeback: str
     writeback_delay: float
     dirty_high_watermark: float
     upload_concurrency: int
     endpoint_url: str | None
     region: str | None
+    profile: str | None
     store_timeout: float
     store_min_rate: int
     cluster_cache: str | None
@@ -354,6 +364,7 @@ class MountOptions:
     metrics_addr: tuple[str, int] | None
     mount_name: str | None
     log_level: str
+    log_file: Path
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -386,6 +397,8 @@ def build_mount_options(sources: dict[str, str], values: dict[str, Any]) -> Moun
     else:
         settled["cache_dir"] = default_cache_dir(sources, settled["endpoint_url"],
                                                  settled["block_size"])
+    settled["log_file"] = Path(settled["log_file"]).expanduser().absolute() \
+        if settled["log_file"] else log_path(settled["cache_dir"])
     if settled["low_watermark"] >= settled["high_watermark"]:
         raise AvafsError(
             f"invalid watermarks: --low-watermark ({settled['low_watermark']}) must be below "

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from .s3.cluster_bucket import ClusterBucket
 
 __all__ = ["Listing", "ObjectInfo", "ObjectStore", "StoreLimits", "open_cluster_bucket",
-           "open_store"]
+           "open_store", "use_profile"]
 
 
 def open_store(url: str, endpoint_url: str | None = None, region: str | None = None,
@@ -36,6 +36,18 @@ def open_store(url: str, endpoint_url: str | None = None, region: str | None = N
                        limits or StoreLimits())
     raise AvafsError(f"unknown scheme in source {url!r}: use s3://bucket[/prefix] or "
                      "file:///absolute/dir")
+
+
+def use_profile(profile: str | None) -> None:
+    """`--profile`: the sources' credentials from this AWS profile, here and in the daemon this
+    process starts (stores/s3/profile.py)."""
+    if profile is None:
+        return
+    try:
+        from .s3.profile import use_source_profile
+    except ImportError:
+        raise AvafsError("--profile needs boto3: pip install 'avafs[s3]'") from None
+    use_source_profile(profile)
 
 
 def open_cluster_bucket(url: str, endpoint_url: str | None, profile: str | None,

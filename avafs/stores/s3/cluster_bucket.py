@@ -22,6 +22,7 @@ import botocore.session
 from ...errors import AvafsError
 from ..base import StoreLimits
 from .lean import Changed
+from .profile import profile_session
 from .store import S3Store, _code, _size_class
 
 ACCESS_KEY_VARIABLE = "AVAFS_CLUSTER_ACCESS_KEY_ID"
@@ -59,11 +60,7 @@ def cluster_session(profile: str | None, checksums: bool = True) -> boto3.sessio
         return boto3.session.Session(aws_access_key_id=key, aws_secret_access_key=secret,
                                      aws_session_token=os.environ.get(TOKEN_VARIABLE),
                                      botocore_session=core)
-    try:
-        return boto3.session.Session(profile_name=profile, botocore_session=core)
-    except botocore.exceptions.ProfileNotFound:
-        raise AvafsError(f"AWS profile {profile!r} not found: check --cluster-profile and "
-                         "~/.aws/config") from None
+    return profile_session(profile, "--cluster-profile", core)
 
 
 class ClusterBucket(S3Store):
