@@ -54,11 +54,8 @@ class Metadata:
                 self._clock() < self._describe_paused_until:
             return info
         try:
-            found = self.stores[node.source].head_quickly(node.key)
-        except StoreError as error:
-            self._describe_paused_until = self._clock() + DESCRIBE_PAUSE
-            log.warning("cannot read the attributes of %s (%s); showing defaults for %.0fs",
-                        node.key, error, DESCRIBE_PAUSE)
+            found = self._head_for_attributes(node)
+        except StoreError:
             return info
         if found is None:
             return info
@@ -69,6 +66,18 @@ class Metadata:
             if listed is not None and listed.info is not None and listed.info.key == node.key:
                 listing.put(Entry(node.name, found))
         return found
+
+    def _head_for_attributes(self, node: Node) -> ObjectInfo | None:
+        """One quick HEAD of a file's object or a directory's marker (`node.key`). A store that
+        fails it pauses every such HEAD for DESCRIBE_PAUSE seconds, said once in the log, and
+        the error is raised for the caller to show what it had."""
+        try:
+            return self.stores[node.source].head_quickly(node.key)
+        except StoreError as error:
+            self._describe_paused_until = self._clock() + DESCRIBE_PAUSE
+            log.warning("cannot read the attributes of %s (%s); showing defaults for %.0fs",
+                        node.key, error, DESCRIBE_PAUSE)
+            raise
 
     def directory_info(self, node: Node) -> ObjectInfo | None:
         """A directory's marker as the mount shows it: its pending state (a mkdir, a change
@@ -93,11 +102,8 @@ class Metadata:
                 node.marker, node.marker_read_at = listing.marker, listing.fetched_at
             return self.directory_info(node)
         try:
-            found = self.stores[node.source].head_quickly(node.key)
-        except StoreError as error:
-            self._describe_paused_until = self._clock() + DESCRIBE_PAUSE
-            log.warning("cannot read the attributes of %s (%s); showing defaults for %.0fs",
-                        node.key, error, DESCRIBE_PAUSE)
+            found = self._head_for_attributes(node)
+        except StoreError:
             return self.directory_info(node)
         with self._lock:
             node.marker, node.marker_read_at = found, self._clock()

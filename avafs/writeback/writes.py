@@ -81,13 +81,7 @@ class FileWrites:
         with self.lock:
             if start < self._streamed(entry):
                 self._stop_streaming(entry)
-            entry.generation += 1
-            entry.durable = entry.staged_data_current = False
-            entry.set_aside = None  # new content: the store gets a new chance
-            entry.mtime, entry.mtime_set = time.time(), False
-            if entry.attrs is not None and entry.attrs.ctime is not None:
-                entry.attrs = replace(entry.attrs, ctime=None)  # the new mtime is the ctime
-            self._touch(entry)
+            self._new_content(entry)
             if start > entry.size and entry.allocated is None:
                 entry.allocated = allocated(entry.size)  # a hole: `measure` counts the file
             if end > entry.size:
@@ -115,17 +109,23 @@ class FileWrites:
                 self._stop_streaming(entry)
             elif entry.appended_to is not None:
                 entry.appended_to = min(entry.appended_to, size)
-            entry.generation += 1
-            entry.durable = entry.staged_data_current = False
-            entry.set_aside = None
-            entry.mtime, entry.mtime_set = time.time(), False
-            if entry.attrs is not None and entry.attrs.ctime is not None:
-                entry.attrs = replace(entry.attrs, ctime=None)  # the new mtime is the ctime
-            self._touch(entry)
+            self._new_content(entry)
             if size > entry.size and entry.allocated is None:
                 entry.allocated = allocated(entry.size)  # a hole: `measure` counts the file
             self._resize(entry, size)
             self._account()
+
+    def _new_content(self, entry: Pending) -> None:
+        """The data file changed (call with the lock held): a new generation, so an upload
+        of the old one cannot settle it; not durable until committed; a new chance with the
+        store for a state it had refused; the time of the change as mtime and ctime."""
+        entry.generation += 1
+        entry.durable = entry.staged_data_current = False
+        entry.set_aside = None
+        entry.mtime, entry.mtime_set = time.time(), False
+        if entry.attrs is not None and entry.attrs.ctime is not None:
+            entry.attrs = replace(entry.attrs, ctime=None)  # the new mtime is the ctime
+        self._touch(entry)
 
     def over_dirty_limit(self) -> bool:
         """Past the dirty watermark, or past the staging limit (--writeback cluster): uploads
