@@ -34,6 +34,10 @@ def write_aws_profile(path: Path, profile: str) -> Path:
     return path
 
 
+_TERMINAL_COLOURS = re.compile(r"\x1b\[[0-9;]*m")
+"""The colour codes newer werkzeug puts around a request line, even in a file."""
+
+
 class S3Server:
     """A moto standalone server; `requests()` reads the server's own access log."""
 
@@ -60,8 +64,9 @@ class S3Server:
     def requests(self) -> list[str]:
         """Request lines ("GET /bucket/key?..." ) the server has logged so far."""
         self._log.flush()
-        lines = self.log_path.read_text(errors="replace").splitlines()
-        return [line.split('"')[1] for line in lines if line.count('"') >= 2 and "HTTP/1.1" in line]
+        text = _TERMINAL_COLOURS.sub("", self.log_path.read_text(errors="replace"))
+        return [line.split('"')[1] for line in text.splitlines()
+                if line.count('"') >= 2 and "HTTP/1.1" in line]
 
     def stop(self) -> None:
         self.process.terminate()
