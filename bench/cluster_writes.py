@@ -9,7 +9,7 @@ direct upload throughput, measured in the same run.
 The origin is moto's S3 server behind the tests' fault proxy in "link" mode (all connections
 together get `--rate` MB/s, every answer starts `--latency` s after its request). The cluster
 store is a SeaweedFS cluster on loopback (two volume servers, replication 001) and etcd a real
-one, as in tests/test_cluster_writes.py. Each round runs every variant once, in turn (local
+one, as in tests/mount/test_cluster_writes.py. Each round runs every variant once, in turn (local
 disk, direct upload, async, cluster), each avafs variant on a fresh mount and cache dir; the
 summary gives medians over the rounds.
 

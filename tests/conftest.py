@@ -1,5 +1,11 @@
 """Fixtures shared by every part's tests: a real S3-compatible server and real avafs mounts.
 
+The tests are in rooms by kind: `unit/` needs neither root nor FUSE (it may start servers on
+loopback), `mount/` mounts for real (root, /dev/fuse), `docs/` checks the documents and the
+code's layout against each other, and each sub-product (`csi/`, `adapters/`, `gpu_sched/`) has
+its own. A test is marked `mount` by its folder (`mount/`), by a fixture that mounts
+(MOUNTING_FIXTURES), or by its own `pytestmark`, so `-m "not mount"` runs the rest alone.
+
 The S3 side is moto's standalone HTTP server on a free loopback port (or, where a test needs a
 fast store or a cluster, SeaweedFS from seaweed.py), reached through the same
 boto3 code that talks to AWS. Mounts are made through the `avafs` command line, exactly as a user
@@ -21,6 +27,17 @@ from support import AVAFS, TEST_CREDENTIALS, S3Server, unmount
 from bench.servers.etcd_server import EtcdServer
 from bench.servers.fault_proxy import FaultProxy
 from bench.servers.seaweed import SeaweedCluster
+
+MOUNTING_FIXTURES = frozenset({"mount", "s3_mount", "mounted_bucket", "driver", "kubelet",
+                               "start_driver"})
+"""Fixtures that make a FUSE mount, or start a CSI driver that makes them."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if Path(item.fspath).parent.name == "mount" or \
+                MOUNTING_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.mount)
 
 
 @pytest.fixture(scope="session")

@@ -80,6 +80,18 @@ def object_gets(server: S3Server, bucket: str) -> int:
                and "list-type" not in line and "prefix=" not in line)
 
 
+def store_bytes(server: S3Server, bucket: str, key: str) -> bytes:
+    """An object's bytes as the store has them, read past any mount."""
+    return server.client().get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+def store_keys(server: S3Server, bucket: str, prefix: str = "") -> set[str]:
+    """Every key the store has under `prefix`, read past any mount."""
+    pages = server.client().get_paginator("list_objects_v2").paginate(Bucket=bucket,
+                                                                      Prefix=prefix)
+    return {entry["Key"] for page in pages for entry in page.get("Contents", ())}
+
+
 def is_mounted(path: Path) -> bool:
     target = str(Path(path).resolve())
     with open("/proc/self/mountinfo") as mountinfo:

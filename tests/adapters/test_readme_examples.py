@@ -11,9 +11,11 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
 from adapters_testlib import REPO, make_tar_shards, make_tfrecord_shards, write_manifest
 from support import marked_block, run_example
 
+pytestmark = pytest.mark.mount
 README = REPO / "adapters" / "README.md"
 
 

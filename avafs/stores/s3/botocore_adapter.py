@@ -19,7 +19,7 @@ None of this is a promised interface, so a botocore release may move any of it. 
 does, `moved_internals` names what moved, and the caller turns the lean path off for the
 mount with a WARNING that says so (every request then goes through boto3, which is slower
 but right); the mount is not refused, as boto3 alone serves every request. The tests in
-tests/test_botocore_adapter.py check each of these against a real client, so a botocore
+tests/unit/test_botocore_adapter.py check each of these against a real client, so a botocore
 that changed shape fails there by name before any user sees the warning.
 """
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from support import is_mounted
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def quickstart(workdir: Path, *args: str) -> subprocess.CompletedProcess:

@@ -10,8 +10,7 @@ import time
 
 import pytest
 from sample_data import payload, sha256
-from support import unmount
-from test_write_path import store_bytes
+from support import store_bytes, unmount
 
 from avafs.client import Client
 from avafs.host.processes import wait_for_exit

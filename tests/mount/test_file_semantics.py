@@ -11,8 +11,7 @@ import time
 
 import pytest
 from sample_data import payload
-from support import unmount
-from test_write_path import store_bytes, store_keys
+from support import store_bytes, store_keys, unmount
 
 from avafs.client import Client
 from avafs.host.processes import wait_for_exit

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "avafs"
+PACKAGE = Path(__file__).resolve().parents[2] / "avafs"
 
 LAYERS: list[list[str]] = [
     ["avafs.__main__", "avafs.mount_helper"],

@@ -12,7 +12,7 @@ import zipfile
 from pathlib import Path
 
 DEBIAN_PYTHON = "/usr/bin/python3"
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def tiny_wheel(folder: Path) -> Path:

@@ -13,17 +13,13 @@ from pathlib import Path
 
 import pytest
 from sample_data import payload, sha256
-from support import object_gets, run_avafs, unmount
+from support import object_gets, run_avafs, store_bytes, store_keys, unmount
 
 from avafs.client import Client
 from avafs.config.cache_dir import WRITEBACK_DIR
 from avafs.host.processes import wait_for_exit
 
 MiB = 2**20
-
-
-def store_bytes(server, bucket: str, key: str) -> bytes:
-    return server.client().get_object(Bucket=bucket, Key=key)["Body"].read()
 
 
 def crash_and_remount(s3_mount, mnt: Path, *args: str) -> Path:
@@ -34,12 +30,6 @@ def crash_and_remount(s3_mount, mnt: Path, *args: str) -> Path:
     wait_for_exit(pid, 30)
     unmount(mnt)
     return s3_mount(*args, mountpoint=mnt)
-
-
-def store_keys(server, bucket: str, prefix: str = "") -> set[str]:
-    pages = server.client().get_paginator("list_objects_v2").paginate(Bucket=bucket,
-                                                                      Prefix=prefix)
-    return {entry["Key"] for page in pages for entry in page.get("Contents", ())}
 
 
 def test_large_sequential_write_round_trip(s3_server, bucket, s3_mount):

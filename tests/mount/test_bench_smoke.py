@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 WRITES = ("write_large", "write_small")
 # Workload -> the systems that must have a figure in every run (peers are optional).
 REQUIRED = {

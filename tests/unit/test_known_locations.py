@@ -1,6 +1,6 @@
 """What lets a reader skip the daemon: the daemon's generation counter (`InPlaceWatch`), a
 reader's table of remembered locations (`KnownLocations`) and the daemon's snapshot of answers
-(`LocationSnapshot`) over the same files, without a mount; tests/test_file_reads.py covers the
+(`LocationSnapshot`) over the same files, without a mount; tests/mount/test_file_reads.py covers the
 same through real mounts."""
 
 from __future__ import annotations

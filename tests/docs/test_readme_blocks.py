@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from support import TEST_CREDENTIALS, code_blocks, marked_block, run_example, write_aws_profile
 
-REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.mount
+REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 READMES = [README, REPO / "adapters" / "README.md"]
 

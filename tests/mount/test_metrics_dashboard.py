@@ -13,7 +13,7 @@ from support import free_port, run_avafs
 
 from avafs.client import Client
 
-DASHBOARD = Path(__file__).parent.parent / "dashboards" / "avafs.json"
+DASHBOARD = Path(__file__).resolve().parents[2] / "dashboards" / "avafs.json"
 
 
 def queries(dashboard: dict) -> list[str]:
