@@ -112,6 +112,12 @@ def _size_class(size: int) -> int:
 
 
 class S3Store(ObjectStore, MultipartUploads):
+    """A bucket (or a prefix of one) over S3's API. Larger than the rest on purpose: every
+    request here shares one set of clients per size class, one way of turning botocore's
+    failures into StoreErrors that say permanent or not, and one budget of tries per read;
+    the transports that send requests another way live beside it (lean.py, loop_get.py),
+    and what only the cluster tier needs in its subclass (cluster_bucket.py)."""
+
     timeout_option = "--store-timeout"
     min_rate_option = "--store-min-rate"
     """What sets this store's request limits, as messages about a late answer name them."""
