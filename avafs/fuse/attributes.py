@@ -115,7 +115,8 @@ class AttributeAnswers:
     async def _described(self, node: Node) -> pyfuse3.EntryAttributes:
         """The node's attributes, its object's metadata read first where needed (one HEAD)."""
         if node.is_dir:
-            if self._undescribed_directory(node):
+            if self._undescribed_directory(node) and \
+                    not self.namespace.marker_from_listing(node):
                 await self._blocking(self.namespace.describe_directory, node)
             return self._attributes(node)
         if not self.options.listing_attrs:

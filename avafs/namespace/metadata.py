@@ -94,12 +94,7 @@ class Metadata:
         attributes, else with one HEAD (blocks). A store that does not answer leaves what was
         read before, as `describe` does for files."""
         if not node.key or self.is_fresh(node.marker_read_at) or \
-                self._clock() < self._describe_paused_until:
-            return self.directory_info(node)
-        listing = self._fresh_store_listing(node.source, node.key)
-        if listing is not None and (listing.marker is None or listing.marker.attrs is not None):
-            with self._lock:  # the listing shows it has none, or shows its attributes
-                node.marker, node.marker_read_at = listing.marker, listing.fetched_at
+                self._clock() < self._describe_paused_until or self.marker_from_listing(node):
             return self.directory_info(node)
         try:
             found = self._head_for_attributes(node)
@@ -108,6 +103,17 @@ class Metadata:
         with self._lock:
             node.marker, node.marker_read_at = found, self._clock()
         return self.directory_info(node)
+
+    def marker_from_listing(self, node: Node) -> bool:
+        """Whether the directory's cached listing tells its marker: that it has none, or its
+        attributes (a file:// listing); then the node keeps that, as read when the listing
+        was (no I/O, so a lookup needs no thread for it)."""
+        listing = self._fresh_store_listing(node.source, node.key)
+        if listing is None or (listing.marker is not None and listing.marker.attrs is None):
+            return False
+        with self._lock:
+            node.marker, node.marker_read_at = listing.marker, listing.fetched_at
+        return True
 
     def subdirectories(self, node: Node) -> int | None:
         """How many subdirectories a directory has, where its listing is cached (no I/O)."""
