@@ -16,6 +16,9 @@ from . import DEFAULT_DRIVER_NAME
 from .server import MODES, DriverConfig, serve
 
 DRIVER_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]{0,61}[A-Za-z0-9])?$")
+CLIENT_LIBRARIES = ("botocore", "boto3", "urllib3")
+"""Loggers kept at WARNING whatever --log-level says: at DEBUG, botocore logs every request's
+headers, which carry the provisioner secret's key id and session token."""
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -100,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().error(f"--node-id is required and must not be empty in {args.mode} mode")
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for client_library in CLIENT_LIBRARIES:
+        logging.getLogger(client_library).setLevel(max(logging.WARNING, logging.root.level))
     annotate_node = None
     if args.publish_cache_interval > 0:
         try:

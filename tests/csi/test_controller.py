@@ -190,3 +190,21 @@ def test_file_buckets_need_allow_file_sources(start_driver, connect, tmp_path):
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "--allow-file-sources" in caught.value.details()
     assert not Path(tmp_path, "pvc-file").exists()
+
+
+def test_a_debug_log_shows_no_credentials_of_the_provisioner_secret(all_mode, s3_server, bucket):
+    """The driver runs at --log-level debug here; the S3 client's own debug lines (request
+    headers: the signature's key id, the session token) must not reach its log."""
+    driver, kubelet = all_mode
+    secrets = {"accessKeyId": "AKIAPROVISIONERNEVERLOGGED",
+               "secretAccessKey": "provisioner-secret-never-logged",
+               "sessionToken": "provisioner-session-token-never-logged"}
+    parameters = {"bucket": f"s3://{bucket}/pvcs", "endpointUrl": s3_server.endpoint,
+                  "region": "us-east-1", "reclaim": "delete"}
+    volume = create(kubelet, "pvc-quiet", parameters, secrets=secrets)
+    delete(kubelet, volume.volume_id, secrets=secrets)
+    assert keys_of(s3_server, bucket) == []
+    log = driver.log()
+    assert "CreateVolume" in log and "DeleteVolume" in log
+    for value in secrets.values():
+        assert value not in log
