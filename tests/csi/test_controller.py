@@ -208,3 +208,39 @@ def test_a_debug_log_shows_no_credentials_of_the_provisioner_secret(all_mode, s3
     assert "CreateVolume" in log and "DeleteVolume" in log
     for value in secrets.values():
         assert value not in log
+
+
+def test_stats_of_a_provisioned_volume_are_its_node_cache(all_mode, s3_server, bucket):
+    """kubelet's volume metrics for a claim: capacity is the volume's disk cache (diskCache,
+    not the claim's requested size), used is what that cache holds plus what pods wrote and
+    is not uploaded yet; INODES count cache entries against diskCacheFiles."""
+    _, kubelet = all_mode
+    parameters = {"bucket": f"s3://{bucket}/pvcs", "endpointUrl": s3_server.endpoint,
+                  "region": "us-east-1", "diskCache": "256Mi", "diskCacheFiles": "1000",
+                  "blockSize": "1Mi"}
+    volume = create(kubelet, "pvc-stats", parameters, required_bytes=2**40)
+    context = dict(volume.volume_context)
+    staging = kubelet.stage(volume.volume_id, context, secrets=SECRETS)
+    target = kubelet.target_path("trainer", "pvc-stats")
+    kubelet.publish(volume.volume_id, target, context)
+
+    def usage(path: Path) -> dict[int, csi_pb2.VolumeUsage]:
+        stats = kubelet.stats(volume.volume_id, path)
+        assert not stats.volume_condition.abnormal
+        return {item.unit: item for item in stats.usage}
+
+    BYTES, INODES = csi_pb2.VolumeUsage.BYTES, csi_pb2.VolumeUsage.INODES
+    empty = usage(target)
+    assert (empty[BYTES].total, empty[BYTES].used, empty[BYTES].available) == (256 * 2**20, 0,
+                                                                                 256 * 2**20)
+    assert (empty[INODES].total, empty[INODES].used) == (1000, 0)
+
+    (target / "checkpoint.bin").write_bytes(b"c" * 3 * 2**20)
+    for path in (target, staging):
+        written = usage(path)
+        assert written[BYTES].total == 256 * 2**20
+        assert written[BYTES].used >= 3 * 2**20
+        assert written[BYTES].available == written[BYTES].total - written[BYTES].used
+    kubelet.unpublish(volume.volume_id, target)
+    kubelet.unstage(volume.volume_id)
+    assert "pvcs/pvc-stats/checkpoint.bin" in keys_of(s3_server, bucket)
