@@ -279,3 +279,44 @@ def test_storage_class_claim_and_job_agree_with_the_controller():
     [mount] = job["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
     assert mount["name"] == volume["name"]
     assert mount["mountPropagation"] == "HostToContainer"
+
+
+def _walkthrough_commands() -> list[list[str]]:
+    """The README's `kubectl` and `sed` command lines, in order, as argument lists."""
+    return [shlex.split(line.strip()) for line in README.read_text().splitlines()
+            if line.startswith("    ") and line.strip().split(" ")[0] in ("kubectl", "sed")]
+
+
+def test_readme_walkthrough_creates_each_namespace_before_applying_into_it():
+    namespaces = {"default"}
+    applied = []
+    for command in _walkthrough_commands():
+        if command[:3] == ["kubectl", "create", "namespace"]:
+            namespaces.add(command[3])
+        if command[:2] != ["kubectl", "apply"]:
+            continue
+        for file in (command[index + 1] for index, word in enumerate(command) if word == "-f"):
+            path = REPO / file
+            assert path.is_file(), f"the README applies {file}, which does not exist"
+            applied.append(path.name)
+            for document in yaml.safe_load_all(path.read_text()):
+                if document["kind"] == "Namespace":
+                    namespaces.add(document["metadata"]["name"])
+                namespace = document["metadata"].get("namespace")
+                assert namespace is None or namespace in namespaces, (
+                    f"{file}: {document['kind']} {document['metadata']['name']} is applied "
+                    f"before its namespace {namespace} exists")
+    assert {name for name in manifests() if not name.startswith("example-")} <= set(applied)
+    assert {"example-storageclass.yaml", "example-dynamic-job.yaml"} <= set(applied)
+
+
+def test_readme_retag_command_points_every_plugin_image_at_the_registry():
+    [sed] = [command for command in _walkthrough_commands() if command[0] == "sed"]
+    _, old, new, _ = sed[2].split("|")
+    retagged = {Path(file).name for file in sed[3:]}
+    running_the_plugin = {name for name, text in
+                          ((path.name, path.read_text()) for path in DEPLOY.glob("*.yaml"))
+                          if old in text}
+    assert running_the_plugin == retagged
+    image = the("DaemonSet")["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert old == f"image: {image}" and new.startswith("image: ") and new.endswith(f"/{image}")
