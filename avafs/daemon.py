@@ -28,6 +28,7 @@ from .batch_reads.generation import InPlaceWatch
 from .batch_reads.serve import KEEP_LOCATIONS_FOR
 from .batch_reads.snapshot import LocationSnapshot
 from .config.cache_dir import (
+    ATTRIBUTES_DIR,
     DISK_TIER_DIR,
     LOCATIONS_FILE,
     LOCK_FILE,
@@ -49,6 +50,7 @@ from .host.mounts import AVAFS_FSTYPE, device_mounted, mount_at, wait_until_unmo
 from .log_format import EscapingFormatter
 from .metrics import Metrics
 from .namespace import Namespace
+from .namespace.known_attributes import KnownAttributes
 from .reader.control_socket import SOCKET_NAME
 from .stores import ObjectInfo, ObjectStore, StoreLimits, open_cluster_bucket, open_store
 from .stores.instrumented import InstrumentedStore
@@ -135,8 +137,10 @@ class Filesystem:
                                        disk, self.metrics,
                                        int(options.disk_cache * options.dirty_high_watermark),
                                        options.writeback == "sync", options.writeback_delay)
+        self.known_attributes = None if options.listing_attrs else \
+            KnownAttributes(options.cache_dir / ATTRIBUTES_DIR)
         self.namespace = Namespace(self.stores, options.effective_metadata_ttl, self.writeback,
-                                   options.store_timeout)
+                                   options.store_timeout, known=self.known_attributes)
         self.in_place = InPlaceWatch(options.cache_dir)
         self.locations = LocationSnapshot(options.cache_dir / LOCATIONS_FILE)
         self.namespace.on_changed = self.in_place.changed
@@ -245,6 +249,8 @@ class Filesystem:
             self.writeback.close_cluster()
             self.writeback.close()
         self.stack.close()
+        if self.known_attributes is not None:
+            self.known_attributes.close()
 
     async def close_on_loop(self) -> None:
         """Close what the stores opened on the request loop (`get_range_async`), on it."""

@@ -25,6 +25,7 @@ PID_FILE = "avafs.pid"
 LOCK_FILE = "lock"
 DISK_TIER_DIR = "disk"
 WRITEBACK_DIR = "writeback"
+ATTRIBUTES_DIR = "attributes"
 GENERATION_FILE = "generation"
 LOCATIONS_FILE = "locations"
 

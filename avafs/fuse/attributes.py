@@ -14,6 +14,7 @@ import stat
 
 import pyfuse3
 
+from ..errors import ObjectChangedError, StoreError
 from ..namespace import Node
 from ..stores.base import ObjectInfo
 from ..stores.metadata import Attrs
@@ -136,10 +137,25 @@ class AttributeAnswers:
             await drop_pages(node.inode, self._threads)
 
     async def _info_with_attrs(self, node: Node) -> ObjectInfo | None:
+        """The file's info with its attributes: a small file's read from the GET that brings
+        its bytes into the tiers, sent from this loop (its first read is then a hit, and the
+        lookup costs no request of its own); a larger one's, or where that GET cannot be sent
+        now, with a HEAD in a thread (`Namespace.describe`)."""
         info = self.namespace.current_info(node)
-        if info is not None and info.attrs is None:
-            info = await self._blocking(self.namespace.describe, node)
-        return info
+        if info is None or info.attrs is not None or self.namespace.describe_paused():
+            return info
+        if info.size > 0:
+            try:
+                found = await self.stack.fetch_described(
+                    info, self.namespace.object_ref(node.source, info))
+            except ObjectChangedError:
+                found = None  # replaced since it was listed: the HEAD tells what it is now
+            except StoreError as error:
+                self.namespace.pause_describing(node, error)
+                return info
+            if found is not None:
+                return self.namespace.described(node, info, found)
+        return await self._blocking(self.namespace.describe, node)
 
     def _negative_entry(self) -> pyfuse3.EntryAttributes:
         attrs = pyfuse3.EntryAttributes()

@@ -5,7 +5,8 @@ operations only translate requests and answers.
 The package is the `Namespace`: its state is set up here and its methods live in rooms, one
 idea each: the inode table (nodes.py), the listing cache with list-ahead and staleness
 (listings.py), what a file or directory is now (metadata.py), namespace changes and rename
-planning (changes.py), and paths for the control plane (paths.py).
+planning (changes.py), and paths for the control plane (paths.py). Attributes read on an
+earlier mount of the same cache dir are known_attributes.py's.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from ..stores.base import ObjectInfo, ObjectStore
 from ..writeback.manager import WriteBack
 from .changes import Changes, RenamePlan
+from .known_attributes import KnownAttributes
 from .listings import LIST_AHEAD, LISTERS, CachedListing, ListingCache, ListingUnavailable
 from .metadata import Metadata
 from .nodes import NAME_MAX, ROOT_INODE, Entry, InodeTable, Node, Refused, valid_name
@@ -31,9 +33,13 @@ __all__ = ["LIST_AHEAD", "NAME_MAX", "ROOT_INODE", "Entry", "ListingUnavailable"
 class Namespace(InodeTable, ListingCache, Metadata, Changes, PathLookups):
     def __init__(self, stores: dict[str, ObjectStore], ttl: float,
                  writeback: WriteBack | None = None, store_wait: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 known: KnownAttributes | None = None) -> None:
+        """`known`: attributes read on earlier mounts (known_attributes.py); None for a mount
+        that reads none (`--listing-attrs`)."""
         self.stores = stores
         self.writeback = writeback
+        self.known = known
         self.ttl = ttl
         self.store_wait = store_wait
         self._clock = clock

@@ -261,7 +261,10 @@ class ListingCache:
 
     def _fetch_listing(self, source: str, prefix: str) -> CachedListing:
         fetched_at = self._clock()
-        result = self.stores[source].list_dir(prefix)
+        store = self.stores[source]
+        result = store.list_dir(prefix)
+        objects = result.objects if self.known is None else \
+            self.known.recall(store.url, result.objects)
         entries: dict[str, Entry] = {}
         skip = len(prefix)
         for sub_prefix in result.prefixes:
@@ -269,7 +272,7 @@ class ListingCache:
             if self._acceptable(source, name, sub_prefix):
                 entries[name] = Entry(name, None)
         marker = None
-        for info in result.objects:
+        for info in objects:
             name = info.key[skip:]
             if info.key == prefix:
                 marker = info

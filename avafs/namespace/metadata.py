@@ -50,8 +50,7 @@ class Metadata:
         cached files go on while the store is down: a failed HEAD shows the listing's
         attributes, and no HEAD is tried for a while after one failed."""
         info = self.current_info(node)
-        if info is None or info.attrs is not None or \
-                self._clock() < self._describe_paused_until:
+        if info is None or info.attrs is not None or self.describe_paused():
             return info
         try:
             found = self._head_for_attributes(node)
@@ -59,13 +58,26 @@ class Metadata:
             return info
         if found is None:
             return info
+        return self.described(node, info, found)
+
+    def described(self, node: Node, listed: ObjectInfo, found: ObjectInfo) -> ObjectInfo:
+        """`found`, read from the store (a HEAD, or the GET of a small file's bytes), is what
+        the file `listed` showed is now, attributes read: the node and its listing show it
+        from now on, and a later mount knows it (`known`)."""
         listing = self._listings.get((node.source, parent_prefix(node.key)))
         with self._lock:
             node.info = found
-            listed = listing.entries.get(node.name) if listing is not None else None
-            if listed is not None and listed.info is not None and listed.info.key == node.key:
+            entry = listing.entries.get(node.name) if listing is not None else None
+            if entry is not None and entry.info is not None and entry.info.key == node.key:
                 listing.put(Entry(node.name, found))
+        if self.known is not None:
+            self.known.remember(self.stores[node.source].url, node.key, listed, found)
         return found
+
+    def describe_paused(self) -> bool:
+        """Whether attributes are not read from the store for now: a read of them failed
+        moments ago (DESCRIBE_PAUSE)."""
+        return self._clock() < self._describe_paused_until
 
     def _head_for_attributes(self, node: Node) -> ObjectInfo | None:
         """One quick HEAD of a file's object or a directory's marker (`node.key`). A store that
@@ -74,10 +86,15 @@ class Metadata:
         try:
             return self.stores[node.source].head_quickly(node.key)
         except StoreError as error:
-            self._describe_paused_until = self._clock() + DESCRIBE_PAUSE
-            log.warning("cannot read the attributes of %s (%s); showing defaults for %.0fs",
-                        node.key, error, DESCRIBE_PAUSE)
+            self.pause_describing(node, error)
             raise
+
+    def pause_describing(self, node: Node, error: StoreError) -> None:
+        """Reading `node`'s attributes failed: none are read for DESCRIBE_PAUSE seconds,
+        said once in the log."""
+        self._describe_paused_until = self._clock() + DESCRIBE_PAUSE
+        log.warning("cannot read the attributes of %s (%s); showing defaults for %.0fs",
+                    node.key, error, DESCRIBE_PAUSE)
 
     def directory_info(self, node: Node) -> ObjectInfo | None:
         """A directory's marker as the mount shows it: its pending state (a mkdir, a change
@@ -93,8 +110,8 @@ class Metadata:
         TTL: from the directory's cached listing where that shows the marker's absence or its
         attributes, else with one HEAD (blocks). A store that does not answer leaves what was
         read before, as `describe` does for files."""
-        if not node.key or self.is_fresh(node.marker_read_at) or \
-                self._clock() < self._describe_paused_until or self.marker_from_listing(node):
+        if not node.key or self.is_fresh(node.marker_read_at) or self.describe_paused() or \
+                self.marker_from_listing(node):
             return self.directory_info(node)
         try:
             found = self._head_for_attributes(node)
@@ -102,6 +119,10 @@ class Metadata:
             return self.directory_info(node)
         with self._lock:
             node.marker, node.marker_read_at = found, self._clock()
+        listing = self._fresh_store_listing(node.source, node.key)
+        if self.known is not None and found is not None and listing is not None and \
+                listing.marker is not None:
+            self.known.remember(self.stores[node.source].url, node.key, listing.marker, found)
         return self.directory_info(node)
 
     def marker_from_listing(self, node: Node) -> bool:
@@ -149,7 +170,8 @@ class Metadata:
         upload and must not bring back the version before it (nor hide a file a pending copy
         showed); and in the file's node, which names the pending state's local version if it
         was looked up while the state was pending, in a directory never listed (a lookup after
-        a remount): no store has that version, so reading it would fail."""
+        a remount): no store has that version, so reading it would fail. The attributes it
+        was uploaded with are known to later mounts (`known`)."""
         slot = (source, parent_prefix(key))
         with self._lock:
             if slot in self._listing_loads:
@@ -161,10 +183,12 @@ class Metadata:
             elif node is not None:
                 node.info, node.checked_at = info, self._clock()
             listing = self._listings.get(slot)
-            if listing is None:
-                return
-            settle_into(listing, key, info)
-        self.on_changed(source, key)
+            if listing is not None:
+                settle_into(listing, key, info)
+        if self.known is not None:
+            self.known.remember(self.stores[source].url, key, None, info)
+        if listing is not None:
+            self.on_changed(source, key)
 
     def revalidate(self, node: Node) -> ObjectInfo | None:
         """Current metadata of a file whose cached copy is older than the TTL (blocks); a

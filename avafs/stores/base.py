@@ -15,6 +15,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from ..errors import ObjectChangedError
 from .metadata import Attrs
 
 
@@ -147,6 +148,22 @@ class ObjectStore(ABC):
         `threads`, unless the store can send the request from the loop itself."""
         return await asyncio.wrap_future(threads.submit(self.get_range, key, start, length,
                                                         etag))
+
+    async def get_described_async(self, listed: ObjectInfo, threads: Executor
+                                  ) -> tuple[bytes, ObjectInfo]:
+        """The whole object a listing showed as `listed` (its version, `listed.etag`) and
+        that version's info with its attributes, in one request sent from the caller's loop:
+        the GET a small file's first read needs anyway also answers its first `stat`, which
+        would otherwise cost a HEAD of its own. Raises ObjectChangedError if the object is no
+        longer that version, StoreError if a request failed. Here, for a store whose reads
+        carry no metadata: `head_quickly` and `get_range`, in one of `threads`."""
+        def head_and_get() -> tuple[bytes, ObjectInfo]:
+            found = self.head_quickly(listed.key)
+            if found is None or found.etag != listed.etag:
+                raise ObjectChangedError(f"{self.url}{listed.key} changed since it was listed")
+            return self.get_range(listed.key, 0, listed.size, listed.etag), found
+
+        return await asyncio.wrap_future(threads.submit(head_and_get))
 
     async def close_on_loop(self) -> None:
         """Release what `get_range_async` opened on the loop; called on that loop, as it

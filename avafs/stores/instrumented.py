@@ -79,6 +79,17 @@ class InstrumentedStore(ObjectStore, MultipartUploads):
         self._record("get", started)
         return result
 
+    async def get_described_async(self, listed: ObjectInfo, threads: Executor
+                                  ) -> tuple[bytes, ObjectInfo]:
+        started = time.perf_counter()
+        try:
+            result = await self.inner.get_described_async(listed, threads)
+        except Exception as error:
+            self._record("get", started, error)
+            raise
+        self._record("get", started)
+        return result
+
     async def close_on_loop(self) -> None:
         await self.inner.close_on_loop()
 

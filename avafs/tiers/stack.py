@@ -19,13 +19,15 @@ it are unchanged.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, Future
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from ..errors import AvafsError, StoreError
 from ..metrics import Metrics
 from ..objects import ObjectRef, block_span
+from ..stores.base import ObjectInfo
 from .cluster import ClusterTier
 from .disk import DiskTier
 from .evictor import Evictor
@@ -34,6 +36,8 @@ from .ram import RamTier
 from .readahead import ReadAhead
 from .streams import STREAM_PIECE, Streams
 from .write_behind import WRITE_BEHIND_BLOCKS
+
+T = TypeVar("T")
 
 RELEASE_BEHIND = WRITE_BEHIND_BLOCKS + 2
 """Blocks before a sequential reader's previous block that each of its reads offers to
@@ -219,6 +223,30 @@ class TierStack:
         slot is free: then `read`, in a thread, waits for it. The block stays small
         (INLINE_DISK_READ) because its disk write happens on the loop. With a cluster tier,
         whose requests block, None: `read` looks there first, in a thread."""
+        async def get() -> tuple[bytes, None]:
+            return await ref.store.get_range_async(ref.key, 0, ref.size, ref.etag,
+                                                   self._fetches.pool), None
+
+        fetched = await self._fetch_alone(ref, get)
+        return None if fetched is None else self._slice([fetched[0]], offset, size, ref)
+
+    async def fetch_described(self, listed: ObjectInfo, ref: ObjectRef) -> ObjectInfo | None:
+        """The attributes of a one-block object that neither tier holds, from the GET that
+        brings its bytes into the tiers (`ObjectStore.get_described_async`): a small file's
+        first lookup then costs the request its first read would have sent, and that read
+        is a hit. `listed` is the object as its listing showed it, the version `ref` names.
+        None where `_fetch_small` would say None: the caller asks with a HEAD."""
+        async def get() -> tuple[bytes, ObjectInfo]:
+            return await ref.store.get_described_async(listed, self._fetches.pool)
+
+        fetched = await self._fetch_alone(ref, get)
+        return None if fetched is None else fetched[1]
+
+    async def _fetch_alone(self, ref: ObjectRef,
+                           get: Callable[[], Awaitable[tuple[bytes, T]]]
+                           ) -> tuple[bytes, T] | None:
+        """`get()`'s answer, its bytes (the whole of `ref`) delivered as the block's load, the
+        loop's own, under a fetch slot: see `_fetch_small` for when this is None."""
         if not self._fetches.is_small(ref) or self.cluster is not None:
             return None
         block = ref.block(0)
@@ -232,9 +260,8 @@ class TierStack:
         try:
             # The fetch pool has a thread for every slot, so this GET, which holds one, is
             # never queued behind work waiting for it where it runs in the pool.
-            data = await ref.store.get_range_async(ref.key, 0, ref.size, ref.etag,
-                                                   self._fetches.pool)
-            self._fetches.fetched(ref, block, future, data)
+            answer = await get()
+            self._fetches.fetched(ref, block, future, answer[0])
         except BaseException as error:
             # Readers waiting in threads get a plain error, never the loop's CancelledError.
             if not future.done():
@@ -244,7 +271,7 @@ class TierStack:
             raise
         finally:
             self._fetches.slots.release()
-        return self._slice([data], offset, size, ref)
+        return answer
 
     def checked_files(self, refs: list[ObjectRef]) -> list[str | None]:
         """For each one-block object whose bytes the disk tier holds known good, its file

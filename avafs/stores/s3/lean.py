@@ -116,6 +116,20 @@ class LeanRequests:
         path should handle the request (this loop cannot send it, signing would first
         renew the credentials, or the answer is not the expected one). Raises Changed for
         a gone version, TimeoutError and aiohttp.ClientError for a failed transfer."""
+        answer = await self._range_on_loop(gets, key, start, length, etag, seconds)
+        return None if answer is None else answer[0]
+
+    async def get_described_on_loop(self, gets: LoopGets, key: str, length: int, etag: str,
+                                    seconds: float) -> tuple[bytes, dict[str, str]] | None:
+        """`get_on_loop` of a whole object of `length` bytes, with its user metadata (named
+        as `get_object` names it): what a HEAD would have told, in the answer that brings
+        the bytes."""
+        answer = await self._range_on_loop(gets, key, 0, length, etag, seconds)
+        return None if answer is None else (answer[0], _user_metadata(answer[1]))
+
+    async def _range_on_loop(self, gets: LoopGets, key: str, start: int, length: int, etag: str,
+                             seconds: float) -> tuple[bytes, Any] | None:
+        """(body, headers) of `get_on_loop`'s request, or None as it answers None."""
         if self._base is None or self._signer.would_refresh():
             return None
         url = self._base + quote(key, safe="/~")
@@ -127,7 +141,9 @@ class LeanRequests:
         self._note_status(status)
         if status in CHANGED:
             raise Changed()
-        return body if _whole_range(status, headers, length) and len(body) == length else None
+        if _whole_range(status, headers, length) and len(body) == length:
+            return body, headers
+        return None
 
     def get_object(self, key: str, size: int) -> tuple[bytes, dict[str, str]] | None:
         """The whole object `key` (of about `size` bytes) and its user metadata, named as
@@ -146,10 +162,7 @@ class LeanRequests:
             return None
         if response.status_code == 404:
             raise Changed()
-        metadata = {name.lower()[len(_METADATA):]: value
-                    for name, value in response.headers.items()
-                    if name.lower().startswith(_METADATA)}
-        return body, metadata
+        return body, _user_metadata(response.headers)
 
     def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> str | None:
         """Store an object with user `metadata` in one PutObject; its ETag, or None when the
@@ -243,6 +256,12 @@ def _read_body(raw, url: str) -> bytes | None:
         raise botocore.exceptions.ReadTimeoutError(endpoint_url=url, error=error) from None
     except (urllib3.exceptions.HTTPError, OSError):
         return None
+
+
+def _user_metadata(headers) -> dict[str, str]:
+    """The `x-amz-meta-*` headers of an answer, without the prefix, in lower case."""
+    return {name.lower()[len(_METADATA):]: value for name, value in headers.items()
+            if name.lower().startswith(_METADATA)}
 
 
 def _range_headers(start: int, length: int, etag: str) -> dict[str, str]:

@@ -309,6 +309,29 @@ class S3Store(ObjectStore, MultipartUploads):
             first = 1
         return await asyncio.wrap_future(threads.submit(self._tries, wanted, limit, end, first))
 
+    async def get_described_async(self, listed: ObjectInfo, threads: Executor
+                                  ) -> tuple[bytes, ObjectInfo]:
+        """One try from the running loop (loop_get.py), bounded as a read's first try; where
+        the loop cannot send it, a HEAD and a GET from a thread. The mtime is the object's metadata's, else the
+        listing's write time (the headers' is whole seconds)."""
+        key, size = listed.key, listed.size
+        limit, _ = self._read_bounds((key, 0, size, listed.etag))
+        try:
+            answer = await self._lean.get_described_on_loop(self._loop_gets, self.prefix + key,
+                                                            size, listed.etag, limit)
+        except Changed:
+            raise self._changed(key) from None
+        except TimeoutError:
+            raise StoreError(self._late(key, size, limit)) from None
+        except aiohttp.ClientError as error:
+            raise self._failure(error, f"GET of {key!r}") from None
+        if answer is None:
+            return await super().get_described_async(listed, threads)
+        data, user_metadata = answer
+        mtime, attrs = metadata.decode(user_metadata)
+        return data, replace(listed, mtime=listed.mtime if mtime is None else mtime,
+                             attrs=attrs)
+
     async def close_on_loop(self) -> None:
         await self._loop_gets.close()
 

@@ -1,0 +1,111 @@
+"""How many requests a file's attributes cost at the defaults, through real mounts of a moto
+bucket: a small file's first `stat` is answered by the GET that brings its bytes (no HEAD, and
+its read is then a hit), a larger file's by a HEAD, and a remount on the same cache dir knows
+what was read before (no request per file), unless the object changed in between."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from pathlib import Path
+
+from support import S3Server, object_gets, unmount
+
+MiB = 2**20
+SMALL = {f"data/{number}.bin": bytes([number]) * (1000 + number) for number in range(5)}
+LINK_TARGET = b"data/0.bin"
+
+
+def _heads(server: S3Server, bucket: str) -> int:
+    """HEADs of files (a directory's marker is read once per directory, not counted)."""
+    return sum(1 for line in server.requests() if line.startswith(f"HEAD /{bucket}/")
+               and not line.split()[1].endswith("/"))
+
+
+def _dataset(server: S3Server, bucket: str) -> None:
+    client = server.client()
+    for key, body in SMALL.items():
+        client.put_object(Bucket=bucket, Key=key, Body=body,
+                          Metadata={"mode": str(stat.S_IFREG | 0o600), "uid": "123"})
+    client.put_object(Bucket=bucket, Key="data/link", Body=LINK_TARGET,
+                      Metadata={"mode": str(stat.S_IFLNK | 0o777)})
+
+
+def _check_dataset(mnt: Path) -> None:
+    for key, body in SMALL.items():
+        found = os.stat(mnt / key)
+        assert (stat.S_IMODE(found.st_mode), found.st_uid, found.st_size) == \
+            (0o600, 123, len(body))
+    assert os.readlink(mnt / "data/link") == LINK_TARGET.decode()
+
+
+def test_a_small_files_first_stat_costs_the_get_its_read_needs_and_no_head(
+        s3_server, bucket, s3_mount):
+    _dataset(s3_server, bucket)
+    mnt = s3_mount()
+    heads, gets = _heads(s3_server, bucket), object_gets(s3_server, bucket)
+    _check_dataset(mnt)
+    assert _heads(s3_server, bucket) == heads
+    assert object_gets(s3_server, bucket) == gets + len(SMALL) + 1
+    for key, body in SMALL.items():
+        assert (mnt / key).read_bytes() == body
+    assert object_gets(s3_server, bucket) == gets + len(SMALL) + 1
+
+
+def test_a_remount_on_the_same_cache_dir_reads_no_attributes_again(
+        s3_server, bucket, s3_mount, tmp_path):
+    _dataset(s3_server, bucket)
+    cache = tmp_path / "kept-cache"
+    mnt = s3_mount(cache_dir=cache)
+    _check_dataset(mnt)
+    (mnt / "data/written.txt").write_bytes(b"written here")
+    os.chmod(mnt / "data/written.txt", 0o640)
+    unmount(mnt)
+    heads, gets = _heads(s3_server, bucket), object_gets(s3_server, bucket)
+    mnt = s3_mount(cache_dir=cache, mountpoint=tmp_path / "again")
+    _check_dataset(mnt)
+    assert stat.S_IMODE(os.stat(mnt / "data/written.txt").st_mode) == 0o640
+    for key, body in SMALL.items():
+        assert (mnt / key).read_bytes() == body
+    assert (_heads(s3_server, bucket), object_gets(s3_server, bucket)) == (heads, gets)
+
+
+def test_attributes_changed_in_place_by_another_tool_are_read_again_after_a_remount(
+        s3_server, bucket, s3_mount, tmp_path):
+    _dataset(s3_server, bucket)
+    cache = tmp_path / "kept-cache"
+    mnt = s3_mount(cache_dir=cache)
+    _check_dataset(mnt)
+    unmount(mnt)
+    time.sleep(1.1)  # a new write time, whatever the store's precision
+    key = "data/1.bin"
+    s3_server.client().copy_object(
+        Bucket=bucket, Key=key, CopySource={"Bucket": bucket, "Key": key},
+        Metadata={"mode": str(stat.S_IFREG | 0o604)}, MetadataDirective="REPLACE")
+    mnt = s3_mount(cache_dir=cache, mountpoint=tmp_path / "again")
+    assert stat.S_IMODE(os.stat(mnt / key).st_mode) == 0o604
+    assert stat.S_IMODE(os.stat(mnt / "data/2.bin").st_mode) == 0o600
+    assert (mnt / key).read_bytes() == SMALL[key]
+
+
+def test_a_large_files_first_stat_is_one_head_and_no_get(s3_server, bucket, s3_mount):
+    s3_server.client().put_object(Bucket=bucket, Key="large.bin", Body=b"x" * (2 * MiB),
+                                  Metadata={"mode": str(stat.S_IFREG | 0o640)})
+    mnt = s3_mount()
+    os.listdir(mnt)
+    heads, gets = _heads(s3_server, bucket), object_gets(s3_server, bucket)
+    assert stat.S_IMODE(os.stat(mnt / "large.bin").st_mode) == 0o640
+    assert (_heads(s3_server, bucket), object_gets(s3_server, bucket)) == (heads + 1, gets)
+
+
+def test_a_file_replaced_after_its_listing_shows_the_new_version(s3_server, bucket, s3_mount):
+    client = s3_server.client()
+    client.put_object(Bucket=bucket, Key="swapped.txt", Body=b"old")
+    mnt = s3_mount("--metadata-ttl", "1h")
+    os.listdir(mnt)
+    client.put_object(Bucket=bucket, Key="swapped.txt", Body=b"brand new",
+                      Metadata={"mode": str(stat.S_IFREG | 0o606)})
+    found = os.stat(mnt / "swapped.txt")
+    assert (stat.S_IMODE(found.st_mode), found.st_size) == (0o606, len(b"brand new"))
+    assert (mnt / "swapped.txt").read_bytes() == b"brand new"
