@@ -135,8 +135,7 @@ class ControlOperations:
         if not (isinstance(store, SnapshotStore) and store.name == name):
             origin = self._filesystem.origins[source]
             store = SnapshotStore(origin, SnapshotCatalog(origin).load(name))
-        return snapshot_targets(source, "" if self.namespace.single_source else f"{source}/",
-                                store)
+        return snapshot_targets("" if self.namespace.single_source else f"{source}/", store)
 
     def _warmup(self, request: dict, progress: Progress) -> dict:
         targets = None

@@ -94,10 +94,13 @@ def expand(namespace: Namespace, items: list[dict[str, str]],
     return list(targets.values())
 
 
-def snapshot_targets(source: str, root: str, store: SnapshotStore) -> list[Target]:
+def snapshot_targets(root: str, store: SnapshotStore) -> list[Target]:
     """Every file a snapshot records, as its recorded version (read through `store`), at its
-    path in the mount (`root`: '' for a single-source mount, else the source's directory)."""
-    return [Target(f"{root}{file.key}", ObjectRef(source, store, file.key, file.etag, file.size))
+    path in the mount (`root`: '' for a single-source mount, else the source's directory).
+    Its blocks are named by the source's URL, as every block of the source is
+    (`Namespace.object_ref`), so a mount of the source or of the snapshot finds them."""
+    return [Target(f"{root}{file.key}",
+                   ObjectRef(store.url, store, file.key, file.etag, file.size))
             for file in store.files()]
 
 
