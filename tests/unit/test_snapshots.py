@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from avafs.config.options import build_mount_options, parse_option
 from avafs.errors import AvafsError, SnapshotVersionGone
 from avafs.metrics import Metrics
 from avafs.snapshots.actions import perform
@@ -194,3 +195,15 @@ def test_an_unversioned_bucket_is_pinned_by_etag_and_never_serves_new_bytes(s3_s
     lines = [record.getMessage() for record in caplog.records
              if "snapshot 'v1'" in record.getMessage()]
     assert len(lines) == 1 and "a of snapshot 'v1'" in lines[0] and "new" not in lines[0]
+
+
+def test_a_snapshot_mount_is_read_only_never_revalidates_and_serves_one_source() -> None:
+    options = build_mount_options({"": "s3://b"}, {"snapshot": "monday"})
+    assert options.read_only and options.effective_metadata_ttl == float("inf")
+    with pytest.raises(AvafsError, match="--snapshot serves one source"):
+        build_mount_options({"a": "s3://a", "b": "s3://b"}, {"snapshot": "monday"})
+    with pytest.raises(AvafsError, match="--snapshot mounts are read-only: drop --writeback"):
+        build_mount_options({"": "s3://b"}, {"snapshot": "monday", "writeback": "cluster",
+                                             "cluster_cache": "s3://c", "etcd": ("http://e:1",)})
+    with pytest.raises(AvafsError, match="invalid --snapshot: must be a snapshot name"):
+        parse_option("snapshot", "../x", "--snapshot")
