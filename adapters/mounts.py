@@ -53,3 +53,19 @@ def manifest_root(manifest: str | os.PathLike[str],
         raise ValueError(f"{manifest} is not inside an avafs mount: pass root= (the directory its "
                          "\"path\" entries are relative to)")
     return client.mountpoint
+
+
+def check_snapshot(path: str | os.PathLike[str], snapshot: str) -> None:
+    """Raise ValueError unless `path` is in a mount serving snapshot `snapshot` (`avafs mount
+    ... --snapshot NAME`): such a mount shows exactly the recorded tree, so a dataset's sample
+    list, listed from it, is the snapshot's. The mount's daemon says what it serves, so its
+    control socket must be visible here."""
+    client = client_for(path, require_mount=True)
+    if client is None:
+        raise ValueError(f"cannot tell which snapshot {path} serves: the mount's control socket "
+                         "is not visible here (a pod's view of a CSI volume)")
+    served = client.status().get("snapshot")
+    if served is None or served["name"] != snapshot:
+        now = "the source as it is now" if served is None else f"snapshot {served['name']!r}"
+        raise ValueError(f"{path} is in a mount of {now}, not of snapshot {snapshot!r}: mount "
+                         f"it with 'avafs mount SOURCE MOUNTPOINT --snapshot {snapshot}'")

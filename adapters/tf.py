@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from adapters.elastic import acknowledged_epoch, worker_identity
-from adapters.mounts import client_for, manifest_root
+from adapters.mounts import check_snapshot, client_for, manifest_root
 from adapters.reading import SampleReader
 from adapters.sharding import CoordinatorClient
 from adapters.shards import FILE_BATCH, SampleFormat, read_file_samples
@@ -50,14 +50,17 @@ def dataset(path: str | os.PathLike[str] | None = None, *,
             input_context: tf.distribute.InputContext | None = None,
             transform: Callable[..., Any] | None = None, batch_size: int | None = None,
             drop_remainder: bool = False, cycle_length: int | None = None,
-            require_mount: bool = True) -> tf.data.Dataset:
+            require_mount: bool = True, snapshot: str | None = None) -> tf.data.Dataset:
     """Files under `path`, or listed in `manifest`, as a native tf.data pipeline.
 
     With `input_context`, each input pipeline reads a disjoint share: the file list is shuffled
     with the same seed in every pipeline, then sharded, so shares never overlap. `transform` is
-    mapped in parallel before batching; `batch_size` batches before the final prefetch.
+    mapped in parallel before batching; `batch_size` batches before the final prefetch. With
+    `snapshot`, the path must be in a mount of that snapshot (`check_snapshot`), so the file
+    list is the snapshot's.
     """
-    fmt, source = _source(path, manifest, root, url_roots, format, suffixes, require_mount)
+    fmt, source = _source(path, manifest, root, url_roots, format, suffixes, require_mount,
+                          snapshot)
     items = source.items()
     columns: dict[str, Any] = {"__key__": [item.key for item in items],
                                "__path__": [item.path for item in items]}
@@ -152,7 +155,7 @@ def _source(path: str | os.PathLike[str] | None, manifest: str | os.PathLike[str
             root: str | os.PathLike[str] | None,
             url_roots: Mapping[str, str | os.PathLike[str]] | None,
             format: str | SampleFormat, suffixes: Sequence[str] | None,
-            require_mount: bool) -> tuple[SampleFormat, ItemSource]:
+            require_mount: bool, snapshot: str | None = None) -> tuple[SampleFormat, ItemSource]:
     fmt = SampleFormat(format)
     if fmt is SampleFormat.TAR:
         raise ValueError("tar shards are read by adapters.torch; TensorFlow reads files and "
@@ -165,7 +168,9 @@ def _source(path: str | os.PathLike[str] | None, manifest: str | os.PathLike[str
     else:
         assert manifest is not None
         source = ManifestSource(manifest, manifest_root(manifest, root), url_roots)
-    if require_mount:
+    if snapshot is not None:
+        check_snapshot(source.root, snapshot)
+    elif require_mount:
         client_for(source.root, require_mount=True)
     return fmt, source
 

@@ -28,7 +28,7 @@ import torch.utils.data
 
 from adapters.cache_order import CachedMask, cached_mask, windows
 from adapters.elastic import acknowledged_epoch, worker_identity
-from adapters.mounts import client_for, manifest_root
+from adapters.mounts import check_snapshot, client_for, manifest_root
 from adapters.prefetch import MountHints
 from adapters.reading import SampleReader
 from adapters.sharding import CoordinatorClient
@@ -48,25 +48,40 @@ class AvaMapDataset(torch.utils.data.Dataset):
     """Random access to one-file samples, for any sampler (DistributedSampler included)."""
 
     def __init__(self, source: ItemSource, transform: Transform | None = None, *,
-                 require_mount: bool = True) -> None:
-        if require_mount:
+                 require_mount: bool = True, snapshot: str | None = None) -> None:
+        if snapshot is not None:
+            check_snapshot(source.root, snapshot)
+        elif require_mount:
             client_for(source.root, require_mount=True)
         self.source = source
         self.transform = transform
+        self.snapshot = snapshot
+        """The snapshot the samples are read from (None: the source as it is); its state
+        records it, so a run resumes only on the same data."""
         self._client: Client | None | object = _UNRESOLVED
 
     @classmethod
     def from_prefix(cls, path: str | os.PathLike[str], transform: Transform | None = None, *,
-                    suffixes: Sequence[str] = (), require_mount: bool = True) -> AvaMapDataset:
-        return cls(PrefixSource(path, suffixes), transform, require_mount=require_mount)
+                    suffixes: Sequence[str] = (), require_mount: bool = True,
+                    snapshot: str | None = None) -> AvaMapDataset:
+        return cls(PrefixSource(path, suffixes), transform, require_mount=require_mount,
+                   snapshot=snapshot)
 
     @classmethod
     def from_manifest(cls, manifest: str | os.PathLike[str], transform: Transform | None = None,
                       *, root: str | os.PathLike[str] | None = None,
                       url_roots: Mapping[str, str | os.PathLike[str]] | None = None,
-                      require_mount: bool = True) -> AvaMapDataset:
+                      require_mount: bool = True,
+                      snapshot: str | None = None) -> AvaMapDataset:
         source = ManifestSource(manifest, manifest_root(manifest, root), url_roots)
-        return cls(source, transform, require_mount=require_mount)
+        return cls(source, transform, require_mount=require_mount, snapshot=snapshot)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run must read the same: the snapshot (torchdata's `Stateful`)."""
+        return {"snapshot": self.snapshot}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        same_snapshot(state, self.snapshot)
 
     def __len__(self) -> int:
         return len(self.source.items())
@@ -85,6 +100,17 @@ class AvaMapDataset(torch.utils.data.Dataset):
         if self.transform is None:
             return list(samples)
         return [self.transform(sample) for sample in samples]
+
+
+def same_snapshot(state: Mapping[str, Any], snapshot: str | None) -> None:
+    """Raise ValueError where a saved state was read from another snapshot than this
+    dataset's (or from the live source while this one reads a snapshot, or the reverse)."""
+    saved = state.get("snapshot")
+    if saved != snapshot:
+        def name(which: str | None) -> str:
+            return "the source as it was" if which is None else f"snapshot {which!r}"
+        raise ValueError(f"state was saved reading {name(saved)}, this dataset reads "
+                         f"{name(snapshot)}: resume on the same data")
 
 
 class PrefetchingSampler(torch.utils.data.Sampler[int]):
@@ -211,9 +237,14 @@ class AvaIterableDataset(torch.utils.data.IterableDataset):
                  shuffle_block_size: int = 1000, drop_last: bool = False, prefetch_ahead: int = 0,
                  require_mount: bool = True, world_size: int | None = None,
                  rank: int | None = None, coordinator: CoordinatorClient | None = None,
-                 task_size: int | None = None, cache_aware: bool = False) -> None:
-        if require_mount:
+                 task_size: int | None = None, cache_aware: bool = False,
+                 snapshot: str | None = None) -> None:
+        if snapshot is not None:
+            check_snapshot(source.root, snapshot)
+        elif require_mount:
             client_for(source.root, require_mount=True)
+        self.snapshot = snapshot
+        """The snapshot the samples are read from (None: the source as it is), in the state."""
         if (world_size is None) != (rank is None):
             raise ValueError("pass both world_size and rank, or neither (torch.distributed decides)")
         if cache_aware and coordinator is not None:
@@ -278,9 +309,10 @@ class AvaIterableDataset(torch.utils.data.IterableDataset):
         return {"epoch": self.epoch, "seed": self.reader.seed, "consumed": self._consumed,
                 "slot": None if slot is None else [slot.world_size, slot.rank, slot.num_workers,
                                                    slot.worker],
-                "cached": self._cached}
+                "cached": self._cached, "snapshot": self.snapshot}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        same_snapshot(state, self.snapshot)
         if state["seed"] != self.reader.seed:
             raise ValueError(f"state was saved with seed {state['seed']}, this dataset has "
                              f"seed {self.reader.seed}")

@@ -137,6 +137,9 @@ def _add_control_parsers(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--check", action="store_true",
                         help="only say how much of it is cached (with --tier ram: in RAM), "
                              "fetching nothing (exit 0 when all of it)")
+    parser.add_argument("--snapshot", metavar="NAME",
+                        help="warm exactly the files snapshot NAME records, as their recorded "
+                             "versions (of the source PATH or --mount is in)")
     parser.set_defaults(run=_warmup)
 
     parser = commands.add_parser("status", help="show cache, upload and warmup state",
@@ -175,7 +178,78 @@ def build_parser() -> argparse.ArgumentParser:
     _add_umount_parser(commands)
     _add_control_parsers(commands)
     _add_recover_parser(commands)
+    _add_snapshot_parser(commands)
     return parser
+
+
+_SNAPSHOT_STORE_OPTIONS = ("endpoint_url", "region", "profile")
+"""The mount options `avafs snapshot` takes for a bucket URL: how to reach its store."""
+
+
+def _add_snapshot_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "snapshot", help="pin a bucket's tree as it is now, to mount it later",
+        description="Record, list, delete and compare snapshots of a source: every file's "
+                    "key, size, ETag and (where the bucket keeps versions) version id, in one "
+                    "object under the source's .avafs-snapshots/. WHERE is a directory of a "
+                    "mount (the snapshot records the tree under it, once what was written there "
+                    "is uploaded) or a bucket URL (s3://bucket[/prefix], file:///dir). Mount "
+                    "one with 'avafs mount SOURCE MOUNTPOINT --snapshot NAME'.")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION",
+                                    parser_class=OneLineParser)
+    usages = {"create": ("record the tree under WHERE as snapshot NAME", ["name"]),
+              "list": ("list the snapshots with their files, size and age", []),
+              "delete": ("delete snapshot NAME (the data stays)", ["name"]),
+              "diff": ("files added, removed and changed from snapshot A to snapshot B",
+                       ["first", "second"])}
+    for action, (description, names) in usages.items():
+        command = actions.add_parser(action, help=description, description=description)
+        command.add_argument("where", metavar="WHERE")
+        for name in names:
+            command.add_argument(name, metavar={"first": "A", "second": "B"}.get(name, "NAME"))
+        command.add_argument("--json", action="store_true", help="the answer as JSON")
+        for name in _SNAPSHOT_STORE_OPTIONS:
+            spec = OPTIONS_BY_NAME[name]
+            command.add_argument(spec.flag, dest=name, metavar=spec.metavar,
+                                 help=f"for a bucket URL: {spec.help}")
+        command.set_defaults(run=_snapshot)
+
+
+def _snapshot(args: argparse.Namespace) -> int:
+    from .snapshots.actions import perform
+    from .snapshots.catalog import SnapshotCatalog
+    from .snapshots.text import format_answer
+
+    request: dict[str, Any] = {"action": args.action}
+    if args.action in ("create", "delete"):
+        request["name"] = args.name
+    if args.action == "diff":
+        request["names"] = [args.first, args.second]
+    if "://" in args.where:
+        from .stores import open_store, use_profile
+
+        values = {name: parse_option(name, getattr(args, name), OPTIONS_BY_NAME[name].flag)
+                  for name in _SNAPSHOT_STORE_OPTIONS if getattr(args, name) is not None}
+        use_profile(values.get("profile"))
+        store = open_store(source_url(args.where), values.get("endpoint_url"),
+                           values.get("region"))
+        store.check()
+        answer = perform(SnapshotCatalog(store), request)
+    else:
+        given = [name for name in _SNAPSHOT_STORE_OPTIONS if getattr(args, name) is not None]
+        if given:
+            raise AvafsError(f"{OPTIONS_BY_NAME[given[0]].flag} is for a bucket URL: a mount "
+                             "reaches its store as it was mounted")
+        path = Path(os.path.abspath(args.where))
+        answer = Client.for_path(path).snapshot(args.action, path, **{
+            name: value for name, value in request.items() if name != "action"})
+    print(json.dumps(answer, indent=2, sort_keys=True) if args.json
+          else format_answer(args.action, answer))
+    if answer.get("not_uploaded"):
+        print(f"avafs: warning: {answer['not_uploaded']} changes under {args.where} are not in "
+              "the store (it refuses them; see 'avafs status'), so the snapshot does not "
+              "record them", file=sys.stderr)
+    return 0
 
 
 _RECOVER_OPTIONS = ("cluster_cache", "cluster_endpoint_url", "cluster_profile", "cluster_timeout",
@@ -422,20 +496,28 @@ def _client_for(paths: list[Path], mount: Path | None) -> Client:
 
 
 def _warmup(args: argparse.Namespace) -> int:
-    if not args.paths and args.manifest is None:
+    if args.snapshot is not None:
+        if args.manifest is not None or args.check or len(args.paths) > 1:
+            raise AvafsError("--snapshot warms what the snapshot records: give at most one "
+                             "PATH (a directory of its source) and no --manifest or --check")
+        if not args.paths and args.mount is None:
+            raise AvafsError("--snapshot NAME needs the mount: give --mount MOUNTPOINT or a "
+                             "PATH in it")
+    elif not args.paths and args.manifest is None:
         raise AvafsError("give PATHs to warm up, or --manifest FILE")
     client = _client_for(args.paths, args.mount)
     paths = [os.path.abspath(path) for path in args.paths]
     if args.check:
         return _check(client.check(paths, args.manifest, args.tier))
     if args.background:
-        state = client.warmup(paths, args.manifest, args.threads, args.tier, background=True)
+        state = client.warmup(paths, args.manifest, args.threads, args.tier, background=True,
+                              snapshot=args.snapshot)
         print(f"warmup {state['id']} started in the background; follow it with "
               f"'avafs status {client.mountpoint}'")
         return 0
     with WarmupProgress() as progress:
         state = client.warmup(paths, args.manifest, args.threads, args.tier,
-                              progress=progress.update)
+                              progress=progress.update, snapshot=args.snapshot)
         progress.update(state, final=True)
     print(summary(state))
     if state["files_skipped_for_space"]:

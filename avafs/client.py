@@ -132,16 +132,31 @@ class Client:
     def warmup(self, paths: Iterable[str | os.PathLike] = (),
                manifest: str | os.PathLike | None = None, threads: int = 8, tier: str = "disk",
                background: bool = False,
-               progress: Callable[[dict], None] | None = None) -> dict[str, Any]:
-        """Load files (directories recursively, manifest entries) into the cache.
+               progress: Callable[[dict], None] | None = None,
+               snapshot: str | None = None) -> dict[str, Any]:
+        """Load files (directories recursively, manifest entries) into the cache; with
+        `snapshot`, exactly the files that snapshot of the source of `paths` (or of the
+        mount's one source) records, as their recorded versions.
 
         Returns the final warmup state, or at once the started one with `background`.
         """
+        if snapshot is not None:
+            anchors = [self.relative(path) for path in paths]
+            return self._call("warmup", progress, timeout=None, snapshot=snapshot,
+                              path=anchors[0] if anchors else "", threads=threads, tier=tier,
+                              background=background)
         items = self._items(paths, manifest)
         if not items:
             raise AvafsError("nothing to warm up: give paths or a manifest")
         return self._call("warmup", progress, timeout=None, items=items, threads=threads,
                           tier=tier, background=background)
+
+    def snapshot(self, action: str, path: str | os.PathLike, **fields: Any) -> dict[str, Any]:
+        """`avafs snapshot ACTION` on the snapshots of the source `path` (a directory of the
+        mount) lies in: `create` (`name`; it records the tree under `path`, after uploading
+        what was written there), `list`, `delete` (`name`), `diff` (`names`, two)."""
+        return self._call("snapshot", timeout=None, action=action, path=self.relative(path),
+                          **fields)
 
     def prefetch(self, paths: Iterable[str | os.PathLike]) -> int:
         """Queue files for background loading below demand reads; returns how many."""

@@ -52,6 +52,8 @@ from .metrics import Metrics
 from .namespace import Namespace
 from .namespace.known_attributes import KnownAttributes
 from .reader.control_socket import SOCKET_NAME
+from .snapshots.catalog import SnapshotCatalog
+from .snapshots.store import SnapshotStore
 from .stores import ObjectInfo, ObjectStore, StoreLimits, open_cluster_bucket, open_store
 from .stores.instrumented import InstrumentedStore
 from .tiers.cluster import ClusterTier
@@ -113,15 +115,26 @@ class Filesystem:
         self.metrics = Metrics(options.mount_name or str(mountpoint),
                                ",".join(sorted(options.sources.values())))
         self._other_origins: dict[str, ObjectStore] = {}
-        self.stores = {
+        self.origins: dict[str, ObjectStore] = {
             name: InstrumentedStore(open_store(url, options.endpoint_url, options.region,
                                                limits=StoreLimits(options.store_timeout,
                                                                   options.store_min_rate)),
                                     self.metrics)
             for name, url in options.sources.items()
         }
-        for store in self.stores.values():
+        """Each source's store as it is now: snapshots are made and found there."""
+        for store in self.origins.values():
             store.check()
+        self.snapshot: SnapshotStore | None = None
+        self.stores = dict(self.origins)
+        """What the mount serves of each source: the origin, or `--snapshot`'s record of it."""
+        if options.snapshot:
+            origin = self.origins[""]
+            self.snapshot = SnapshotStore(origin,
+                                          SnapshotCatalog(origin).load(options.snapshot))
+            self.stores[""] = self.snapshot
+            log.info("serving snapshot %r of %s: %d files", options.snapshot, origin.url,
+                     self.snapshot.snapshot.summary.files)
         disk = DiskTier(options.cache_dir / DISK_TIER_DIR, options.disk_cache, options.disk_cache_files,
                         options.high_watermark, options.low_watermark, options.cache_policy,
                         KEEP_LOCATIONS_FOR)
@@ -211,7 +224,7 @@ class Filesystem:
         opened with this mount's endpoint and region."""
         for name, source in self.options.sources.items():
             if source == url:
-                return self.stores[name]
+                return self.origins[name]
         if url not in self._other_origins:
             self._other_origins[url] = open_store(url, self.options.endpoint_url,
                                                   self.options.region)
@@ -254,7 +267,7 @@ class Filesystem:
 
     async def close_on_loop(self) -> None:
         """Close what the stores opened on the request loop (`get_range_async`), on it."""
-        for store in [*self.stores.values(), *self._other_origins.values()]:
+        for store in [*self.origins.values(), *self._other_origins.values()]:
             await store.close_on_loop()
 
 

@@ -32,3 +32,9 @@ class ObjectChangedError(StoreError):
 
     Raised instead of mixing blocks of two versions into one read.
     """
+
+
+class SnapshotVersionGone(StoreError):
+    """A file of a snapshot whose recorded version neither the store nor any tier has any
+    more. Its raiser has logged it once already: it is answered EIO with no further line, as
+    a reader's retries of the same read would repeat it."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import grp
 import math
 import pwd
+import re
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -176,6 +177,19 @@ def _lease_ttl(value: Any) -> int:
     return int(number)
 
 
+_SNAPSHOT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def snapshot_name(value: Any) -> str:
+    """A snapshot's name: the last part of a key and a command-line argument, so letters,
+    digits, '.', '_' and '-', at most 128, starting with a letter or digit."""
+    text = str(value)
+    if not _SNAPSHOT_NAME.fullmatch(text):
+        raise ValueError(f"must be a snapshot name: letters, digits, '.', '_' and '-' (at most "
+                         f"128, starting with a letter or digit), got {text!r}")
+    return text
+
+
 def _address(value: Any) -> tuple[str, int]:
     host, separator, port = str(value).rpartition(":")
     if not separator or not port.isdigit() or not 0 < int(port) < 65536:
@@ -229,6 +243,9 @@ MOUNT_OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("immutable", _flag, False,
                "the data never changes: cache metadata forever, never revalidate", is_flag=True),
     OptionSpec("read_only", _flag, False, "refuse every write with EROFS", is_flag=True),
+    OptionSpec("snapshot", snapshot_name, None,
+               "serve the source as snapshot NAME recorded it ('avafs snapshot create'), "
+               "read-only (default: the source as it is now)", metavar="NAME"),
     OptionSpec("noexec", _flag, False, "refuse to run programs from the mount (mount's noexec, "
                "which fstab's user and users imply)", is_flag=True),
     OptionSpec("writeback", _choice("async", "sync", "cluster"), "async",
@@ -337,6 +354,7 @@ class MountOptions:
     metadata_ttl: float
     immutable: bool
     read_only: bool
+    snapshot: str | None
     noexec: bool
     writeback: str
     writeback_delay: float
@@ -369,7 +387,7 @@ class MountOptions:
 
     @property
     def effective_metadata_ttl(self) -> float:
-        return math.inf if self.immutable else self.metadata_ttl
+        return math.inf if self.immutable or self.snapshot else self.metadata_ttl
 
 
 def parse_option(name: str, value: Any, where: str) -> Any:
@@ -415,6 +433,13 @@ def build_mount_options(sources: dict[str, str], values: dict[str, Any]) -> Moun
     if settled["writeback"] == "cluster" and not (settled["cluster_cache"] and settled["etcd"]):
         raise AvafsError("--writeback cluster needs --cluster-cache s3://BUCKET[/prefix] (where "
                          "files are staged) and --etcd URL[,URL...] (where their queue is kept)")
+    if settled["snapshot"] and settled["writeback"] == "cluster":
+        raise AvafsError("--snapshot mounts are read-only: drop --writeback cluster")
+    if settled["snapshot"] and list(sources) != [""]:
+        raise AvafsError("--snapshot serves one source: give SOURCE and MOUNTPOINT instead of "
+                         "--config")
+    if settled["snapshot"]:
+        settled["read_only"] = True
     if settled["writeback"] == "cluster" and settled["read_only"]:
         raise AvafsError("--writeback cluster and --read-only contradict: drop one")
     if settled["writeback"] != "cluster" and (settled["etcd"] or settled["node_name"]

@@ -18,7 +18,11 @@ from ..batch_reads.snapshot import LocationSnapshot
 from ..errors import NEW_OBJECTS_HINT, AvafsError
 from ..namespace import Namespace
 from ..reader.control_socket import Progress
-from ..warmup.runner import expand
+from ..snapshots.actions import perform
+from ..snapshots.catalog import SnapshotCatalog
+from ..snapshots.store import SnapshotStore
+from ..stores.base import ObjectStore
+from ..warmup.runner import Target, expand, snapshot_targets
 from ..writeback.manager import WriteBack
 from ..writeback.pending import Pending
 from .server import Handler
@@ -30,6 +34,7 @@ class ControlSource(StatusSource, Protocol):
     this module needs nothing else of it, so it imports no daemon code."""
 
     namespace: Namespace
+    origins: dict[str, ObjectStore]
     writeback: WriteBack | None
     in_place: InPlaceWatch
     locations: LocationSnapshot
@@ -59,6 +64,7 @@ class ControlOperations:
                               filesystem.locations).handle,
             "list": self._list,
             "cached": self._cached,
+            "snapshot": self._snapshot,
         }
 
     def _flush(self, request: dict, progress: Progress) -> dict:
@@ -93,9 +99,51 @@ class ControlOperations:
                 pyfuse3.invalidate_entry(parent, os.fsencode(name))
         return {"entries": len(entries)}
 
+    def _source_of(self, path: str) -> tuple[str, str]:
+        """(source, key prefix) of a directory of the mount."""
+        try:
+            source, key, info = self.namespace.resolve(path)
+        except IsADirectoryError:
+            raise AvafsError("the root of a mount of several sources is no one source's "
+                             "directory: name a directory under one of them") from None
+        except FileNotFoundError:
+            raise AvafsError(f"{path or '/'} not found in the mount ({NEW_OBJECTS_HINT})") \
+                from None
+        if info is not None:
+            raise AvafsError(f"{path} is a file: snapshots are of directories")
+        return source, key
+
+    def _snapshot(self, request: dict, progress: Progress) -> dict:
+        """`avafs snapshot ACTION PATH ...` for a path in the mount: on the catalog of the
+        path's source as it is now (not a `--snapshot` record of it). `create` first uploads
+        what was written under the path, so the snapshot records what readers see."""
+        path = str(request.get("path", ""))
+        source, key = self._source_of(path)
+        answer = {}
+        if request.get("action") == "create":
+            flushed = self._flush({"path": path}, progress)
+            if flushed["upload_queue"]:
+                answer["not_uploaded"] = flushed["upload_queue"]
+        catalog = SnapshotCatalog(self._filesystem.origins[source])
+        return {**answer, **perform(catalog, request, key)}
+
+    def _snapshot_targets(self, name: str, path: str) -> list[Target]:
+        """The files snapshot `name` of the source of `path` records, each to be read as its
+        recorded version: through this mount's own record where it serves that snapshot."""
+        source, _ = self._source_of(path)
+        store = self._filesystem.stores[source]
+        if not (isinstance(store, SnapshotStore) and store.name == name):
+            origin = self._filesystem.origins[source]
+            store = SnapshotStore(origin, SnapshotCatalog(origin).load(name))
+        return snapshot_targets("" if self.namespace.single_source else f"{source}/", store)
+
     def _warmup(self, request: dict, progress: Progress) -> dict:
-        job = self.warmups.start(request["items"], int(request.get("threads", 8)),
-                                 str(request.get("tier", "disk")))
+        targets = None
+        if request.get("snapshot"):
+            targets = self._snapshot_targets(str(request["snapshot"]),
+                                             str(request.get("path", "")))
+        job = self.warmups.start(request.get("items", []), int(request.get("threads", 8)),
+                                 str(request.get("tier", "disk")), targets)
         if not request.get("background"):
             while job.finished_at is None:
                 progress(job.as_dict())

@@ -15,6 +15,7 @@ from ..metrics import CLUSTER_ERRORS, TIERS, Metrics
 
 if TYPE_CHECKING:
     from ..config.options import MountOptions
+    from ..snapshots.store import SnapshotStore
     from ..stores.base import ObjectStore
     from ..tiers.stack import TierStack
     from ..warmup.runner import Prefetcher, WarmupRunner
@@ -45,6 +46,7 @@ class StatusSource(Protocol):
     metrics: Metrics
     stack: TierStack
     stores: dict[str, ObjectStore]
+    snapshot: SnapshotStore | None
     warmups: WarmupRunner
     prefetcher: Prefetcher
     recent_errors: RecentErrors
@@ -108,6 +110,8 @@ def build_status(filesystem: StatusSource) -> dict[str, Any]:
         "pid": filesystem.pid,
         "uptime_seconds": round(time.time() - filesystem.started_at, 3),
         "sources": dict(options.sources),
+        "snapshot": None if filesystem.snapshot is None
+        else filesystem.snapshot.snapshot.summary.as_dict(),
         "cache_dir": str(options.cache_dir),
         "block_size": options.block_size,
         "tiers": tiers,

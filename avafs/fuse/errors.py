@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pyfuse3
 
-from ..errors import ObjectChangedError, StoreError
+from ..errors import ObjectChangedError, SnapshotVersionGone, StoreError
 from ..namespace import Refused
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,8 @@ def errno_of(error: Exception) -> int:
     if isinstance(error, OSError):
         log.log(logging.INFO if error.errno in REFUSALS else logging.ERROR, "%s", error)
         return error.errno or errno.EIO
+    if isinstance(error, SnapshotVersionGone):
+        return errno.EIO
     if isinstance(error, ObjectChangedError):
         log.warning("%s", error)
         return errno.ESTALE

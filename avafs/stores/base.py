@@ -11,12 +11,17 @@ from __future__ import annotations
 import asyncio
 import io
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from ..errors import ObjectChangedError
+from ..errors import ObjectChangedError, StoreError
 from .metadata import Attrs
+
+SNAPSHOTS_PREFIX = ".avafs-snapshots/"
+"""The key prefix, at a source's root, under which its snapshots are kept
+(`avafs/snapshots/catalog.py`); never shown in a mount of the source (`InstrumentedStore`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +179,26 @@ class ObjectStore(ABC):
         """A stream of `length` bytes from `start` of version `etag`, for sequential readers:
         one request for many blocks. Backends that can stream override this."""
         return io.BytesIO(self.get_range(key, start, length, etag))
+
+    def walk_versions(self, prefix: str) -> Iterator[tuple[ObjectInfo, str | None]]:
+        """Every object under `prefix` ('' or ending in '/'), at every depth, with the id of
+        its current version where the store keeps versions (else None): what a snapshot
+        records. Directory markers are left out. This default walks `list_dir` level by
+        level; a store that lists a whole prefix in one paginated request overrides it."""
+        listing = self.list_dir(prefix)
+        for info in listing.objects:
+            if not info.key.endswith("/"):
+                yield info, None
+        for below in listing.prefixes:
+            yield from self.walk_versions(below)
+
+    def get_version_range(self, key: str, start: int, length: int, version_id: str) -> bytes:
+        """`length` bytes from `start` of the version `version_id` of `key`, which a store
+        that keeps versions serves after the key changed or was deleted.
+
+        Raises ObjectChangedError if the store no longer has that version."""
+        raise StoreError(f"{self.url} keeps no versions: cannot read version {version_id} of "
+                         f"{key!r}", permanent=True)
 
     @abstractmethod
     def put(self, key: str, body: BinaryIO, size: int, mtime: float | None = None,

@@ -1,16 +1,26 @@
 """An ObjectStore wrapper that counts and times every request into the daemon's metrics, and
-keeps whether the store answers (`unreachable_since`, for lookups, the status and metrics)."""
+keeps whether the store answers (`unreachable_since`, for lookups, the status and metrics).
+
+It wraps every store a mount uses, so it is also where the source's reserved snapshot prefix
+(`SNAPSHOTS_PREFIX`) is left out of the root's listing: no mount shows it."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from typing import BinaryIO, TypeVar
 
 from ..errors import ObjectChangedError, StoreError
 from ..metrics import Metrics
-from .base import Listing, MultipartUploads, ObjectInfo, ObjectStore, Part
+from .base import (
+    SNAPSHOTS_PREFIX,
+    Listing,
+    MultipartUploads,
+    ObjectInfo,
+    ObjectStore,
+    Part,
+)
 from .metadata import Attrs
 
 T = TypeVar("T")
@@ -57,7 +67,18 @@ class InstrumentedStore(ObjectStore, MultipartUploads):
         self.inner.check()
 
     def list_dir(self, prefix: str) -> Listing:
-        return self._timed("list", lambda: self.inner.list_dir(prefix))
+        listing = self._timed("list", lambda: self.inner.list_dir(prefix))
+        if prefix or SNAPSHOTS_PREFIX not in listing.prefixes:
+            return listing
+        return Listing([found for found in listing.prefixes if found != SNAPSHOTS_PREFIX],
+                       listing.objects)
+
+    def walk_versions(self, prefix: str) -> Iterator[tuple[ObjectInfo, str | None]]:
+        return iter(self._timed("list", lambda: list(self.inner.walk_versions(prefix))))
+
+    def get_version_range(self, key: str, start: int, length: int, version_id: str) -> bytes:
+        return self._timed("get", lambda: self.inner.get_version_range(key, start, length,
+                                                                       version_id))
 
     def head(self, key: str) -> ObjectInfo | None:
         return self._timed("head", lambda: self.inner.head(key))

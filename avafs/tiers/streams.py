@@ -14,6 +14,7 @@ import contextlib
 import logging
 from concurrent.futures import Future
 
+from ..errors import SnapshotVersionGone
 from ..objects import BlockId, ObjectRef
 from .cluster import ClusterTier
 from .fetches import Fetches
@@ -157,7 +158,7 @@ class Streams:
                                           transient=True)
                     delivered += 1
         except Exception as error:  # noqa: BLE001 - the rest is fetched block by block
-            if delivered < len(run):
+            if delivered < len(run) and not isinstance(error, SnapshotVersionGone):  # logged
                 log.warning("streaming %s failed after %d of %d blocks (%s); fetching the rest "
                             "block by block", ref.key, delivered, len(run), error)
             for block, future in run[delivered:]:

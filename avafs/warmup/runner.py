@@ -22,6 +22,7 @@ from ..errors import NEW_OBJECTS_HINT, AvafsError
 from ..metrics import Metrics
 from ..namespace import Namespace
 from ..objects import ObjectRef
+from ..snapshots.store import SnapshotStore
 from ..stores.base import ObjectInfo
 from ..tiers.stack import TierStack
 
@@ -93,6 +94,16 @@ def expand(namespace: Namespace, items: list[dict[str, str]],
     return list(targets.values())
 
 
+def snapshot_targets(root: str, store: SnapshotStore) -> list[Target]:
+    """Every file a snapshot records, as its recorded version (read through `store`), at its
+    path in the mount (`root`: '' for a single-source mount, else the source's directory).
+    Its blocks are named by the source's URL, as every block of the source is
+    (`Namespace.object_ref`), so a mount of the source or of the snapshot finds them."""
+    return [Target(f"{root}{file.key}",
+                   ObjectRef(store.url, store, file.key, file.etag, file.size))
+            for file in store.files()]
+
+
 class WarmupRunner:
     def __init__(self, namespace: Namespace, stack: TierStack, metrics: Metrics) -> None:
         self.namespace = namespace
@@ -103,7 +114,9 @@ class WarmupRunner:
         self._finished = threading.Condition()
         self.jobs: dict[int, WarmupState] = {}
 
-    def start(self, items: list[dict[str, str]], threads: int, tier: str) -> WarmupState:
+    def start(self, items: list[dict[str, str]], threads: int, tier: str,
+              targets: list[Target] | None = None) -> WarmupState:
+        """Warm the files `items` name, or exactly `targets` where given (a snapshot's)."""
         if tier not in ("disk", "ram", "cluster"):
             raise AvafsError(f"invalid tier {tier!r}: use disk, ram or cluster")
         if tier == "cluster" and self.stack.cluster is None:
@@ -114,7 +127,7 @@ class WarmupRunner:
         state = WarmupState(next(self._ids), tier)
         with self._lock:
             self.jobs[state.id] = state
-        threading.Thread(target=self._run, args=(state, items, threads), daemon=True,
+        threading.Thread(target=self._run, args=(state, items, threads, targets), daemon=True,
                          name=f"avafs-warmup-{state.id}").start()
         return state
 
@@ -148,9 +161,10 @@ class WarmupRunner:
             return [job for job in self.jobs.values() if job.finished_at is None
                     or time.time() - job.finished_at < 3600]
 
-    def _run(self, state: WarmupState, items: list[dict[str, str]], threads: int) -> None:
+    def _run(self, state: WarmupState, items: list[dict[str, str]], threads: int,
+             targets: list[Target] | None) -> None:
         try:
-            self._plan_and_load(state, items, threads)
+            self._plan_and_load(state, items, threads, targets)
             state.state = "failed" if state.files_failed else "done"
         except Exception as error:  # noqa: BLE001 - reported to the user through the status
             log.exception("warmup %d failed", state.id)
@@ -171,9 +185,10 @@ class WarmupRunner:
             state.failures.append({"path": path, "error": reason})
 
     def _plan_and_load(self, state: WarmupState, items: list[dict[str, str]],
-                       threads: int) -> None:
+                       threads: int, targets: list[Target] | None) -> None:
         failures: list[tuple[str, str]] = []
-        targets = expand(self.namespace, items, failures)
+        if targets is None:
+            targets = expand(self.namespace, items, failures)
         for path, reason in failures:
             self._fail(state, path, reason)
         if state.tier == "cluster":

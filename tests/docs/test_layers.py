@@ -23,6 +23,7 @@ LAYERS: list[list[str]] = [
     ["avafs.namespace"],
     ["avafs.writeback", "avafs.tiers"],
     ["avafs.objects"],
+    ["avafs.snapshots"],
     ["avafs.stores"],
     ["avafs.reader"],
     ["avafs.config", "avafs.host"],

@@ -39,6 +39,7 @@ from . import botocore_adapter
 from .deadlines import DeadlineBody, DeadlinePassed, Deadlines
 from .lean import Changed, LeanRequests, sends_crc32
 from .loop_get import LoopGets
+from .versions import GONE, current_versions, read_version
 
 log = logging.getLogger(__name__)
 
@@ -399,6 +400,30 @@ class S3Store(ObjectStore, MultipartUploads):
         return (f"S3 endpoint {self.endpoint} did not send the {length} bytes of {key!r} in "
                 f"time ({seconds:.1f}s: {self.timeout_option} plus the size at "
                 f"{self.min_rate_option}): the store is overloaded or hung")
+
+    def walk_versions(self, prefix: str) -> Iterator[tuple[ObjectInfo, str | None]]:
+        """One listing of the whole prefix, with version ids where the bucket keeps them
+        (versions.py)."""
+        with self._store_errors(f"listing of {prefix or '/'!r} with versions"):
+            yield from current_versions(self._client, self.bucket, self.prefix + prefix,
+                                        len(self.prefix))
+
+    def get_version_range(self, key: str, start: int, length: int, version_id: str) -> bytes:
+        try:
+            data = read_version(self._sized(length), self.bucket, self.prefix + key, start,
+                                length, version_id)
+        except botocore.exceptions.ClientError as error:
+            if _code(error) in GONE:
+                raise ObjectChangedError(f"{self.url}{key}: version {version_id} is gone") \
+                    from None
+            raise self._failure(error, f"GET of version {version_id} of {key!r}") from None
+        except (botocore.exceptions.BotoCoreError, urllib3.exceptions.HTTPError,
+                OSError) as error:
+            raise self._failure(error, f"GET of version {version_id} of {key!r}") from None
+        if len(data) != length:
+            raise StoreError(f"S3 GET of {key!r} at {self.endpoint} ended {length - len(data)} "
+                             "bytes early")
+        return data
 
     def open_range(self, key: str, start: int, length: int, etag: str) -> BinaryIO:
         """One GET whose body is read as it arrives, within --store-timeout plus the length at
