@@ -11,7 +11,7 @@ each target, the whole machine's CPU-seconds per GiB and per 1,000 files beside 
 the CPU seconds of each serving process, and writes the same as JSON. BENCHMARKS.md explains
 the method and the results.
 
-    python3 -m bench.benchmark                      # the full run (about 35-45 minutes)
+    python3 -m bench.benchmark --tree-files 10000   # the full run (about 35 minutes)
     python3 -m bench.benchmark --smoke --json out.json   # CI: tiny, seconds, no verdicts
     python3 -m bench.benchmark --workloads core,epoch    # the reads and the first epoch
     python3 -m bench.benchmark --workloads checkpoint,imagenet,adapters,tf   # training only

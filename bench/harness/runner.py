@@ -1,10 +1,11 @@
-"""One benchmark round: every workload on local disk, the direct boto3 baseline, avafs and
-the peers, in that order, each file system through fresh mounts.
+"""One benchmark round: every workload on local disk, the direct boto3 baseline, s5cmd's
+copy of the same objects, avafs and the peers (the variants after the defaults they tune),
+in that order, each file system through fresh mounts.
 
 A file system's round is three mounts. The first starts with an empty cache dir: cold reads,
 then the same files again (warm), then find/stat. The second reuses that cache dir after an
 unmount, with the cache files' pages dropped from the kernel, so reads come from the disk
-tier. The third starts empty again for the warmup and the writes.
+tier. The third starts empty again for the warmup and the writes; a variant has no third.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ PEER_WRITES_SKIPPED = "not measured: add --peer-writes"
 OWN_FORMAT = "not measured: stores its own format, so the bucket cannot show the writes durable"
 WRITE_KEYS = ("write_large", "write_small")
 SERVER_CEILING = "server ceiling: all large files at once, whole-object GETs, 8 threads"
-PEER_STAT_ONCE = "measured in round 1 only: its first walk costs one HEAD per file"
+PEER_STAT_ONCE = ("measured in round 1 only: the target compares avafs at its defaults "
+                  "with local disk, and a peer's first walk costs one HEAD per file")
 VARIANT_READS_ONLY = "not measured: a variant's reads only (the defaults' row has the writes)"
 
 
