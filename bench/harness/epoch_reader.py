@@ -5,8 +5,9 @@ private mount namespace (`unshare --mount`) whose tmpfs covers the mount's cache
 control socket is unreachable as in a pod that has a CSI volume bound in, and the adapters
 read the mount directly. The same script reads the local copy and the host's view, so all
 three run the same code. One untimed epoch first fills the caches the later epochs find;
-then `--epochs` timed epochs. It prints one JSON line: the median samples/s, and the median
-CPU seconds per epoch of `--daemon-pid` (read from /proc, which the namespace still shows).
+then `--epochs` timed epochs. It prints one JSON line: the median samples/s, the median
+CPU seconds per epoch of `--daemon-pid` (read from /proc, which the namespace still shows),
+and the median busy cores of the whole machine during an epoch.
 
     python3 -m bench.harness.epoch_reader {torch,tf} ROOT --samples N [--workers N]
         [--epochs N] [--view {local,host,pod}] [--daemon-pid PID]
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.harness.mounts import cpu_seconds
+from bench.harness.profiling import MachineCpu
 
 BATCH = 64
 
@@ -86,12 +88,14 @@ def main() -> int:
     check_view(args.root, args.view)
     epoch = READERS[args.framework](args.root, args.workers, args.view != "local")
     epoch()
-    rates, cpu = [], []
+    rates, cpu, cores = [], [], []
     for _ in range(args.epochs):
         cpu_before = cpu_seconds(args.daemon_pid) if args.daemon_pid else 0.0
-        started = time.perf_counter()
-        seen = epoch()
-        seconds = time.perf_counter() - started
+        with MachineCpu() as machine:
+            started = time.perf_counter()
+            seen = epoch()
+            seconds = time.perf_counter() - started
+        cores.append(machine.cores)
         if args.daemon_pid:
             cpu.append(cpu_seconds(args.daemon_pid) - cpu_before)
         if seen != args.samples:
@@ -99,7 +103,8 @@ def main() -> int:
                              f"{args.samples}")
         rates.append(seen / seconds)
     print(json.dumps({"samples_per_s": statistics.median(rates),
-                      "cpu_seconds": statistics.median(cpu) if cpu else None}))
+                      "cpu_seconds": statistics.median(cpu) if cpu else None,
+                      "machine_cores": statistics.median(cores)}))
     return 0
 
 

@@ -1,5 +1,10 @@
 """The FUSE file systems under test, mounted and unmounted the way their users do it.
 
+Every file system runs with the options its users mount it with (the defaults, plus what its
+documentation asks for to cache at all: rclone's `--vfs-cache-mode full`); a tuned variant
+(avafs with its dataset flags, rclone with the S3 advice of its documentation) is a second
+`Mount` of the same class under another name, measured beside the defaults, never instead.
+
 Each mount knows its daemon's pid, so the benchmark can read its peak RSS just before
 unmounting, and `unmount` waits until that process has exited, so a remount with the same
 cache dir never races the previous daemon writing its index. Every mount is also recorded in
@@ -25,6 +30,12 @@ from pathlib import Path
 from bench.harness.s3server import BUCKET, CREDENTIALS, Store
 
 ACTIVE: list[Mount] = []
+AVAFS_DATASET_FLAGS = ("--read-only", "--listing-attrs")
+"""What the avafs documentation advises for a dataset that is only read: no HEAD per file for
+attributes, no write path."""
+RCLONE_TUNING = ("--use-server-modtime", "--vfs-write-back", "0s")
+"""What rclone's documentation advises for S3: modification times from listings (no HEAD per
+file) and uploads at close instead of 5 s later."""
 _MOUNT_TIMEOUT = 60.0
 _EXIT_TIMEOUT = 120.0
 _ABORT_WAIT = 5.0
@@ -214,28 +225,28 @@ class Mount(ABC):
 
 
 class AvafsMount(Mount):
+    """`avafs mount` at its defaults, or with `options` under another `name`."""
+
     name = "avafs"
 
     def __init__(self, server: Store, mountpoint: Path, ram_cache: int,
-                 disk_cache: int, options: tuple[str, ...] = ()) -> None:
+                 disk_cache: int, options: tuple[str, ...] = (), name: str = "avafs") -> None:
         super().__init__(server, mountpoint)
         self.ram_cache = ram_cache
         self.disk_cache = disk_cache
         self.options = options
         """More `avafs mount` options, such as `--read-only`."""
+        self.name = name
 
     def _avafs(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "avafs", *args], capture_output=True,
                               text=True, check=False, timeout=_COMMAND_TIMEOUT)
 
     def _mount(self, cache_dir: Path) -> None:
-        """With --listing-attrs, as rclone runs with --use-server-modtime: neither sends a
-        HEAD per file for its metadata, so the comparison stays like for like."""
         result = self._avafs("mount", f"s3://{BUCKET}", str(self.mountpoint),
                              "--endpoint-url", self.server.endpoint, "--cache-dir",
                              str(cache_dir), "--ram-cache", str(self.ram_cache),
-                             "--disk-cache", str(self.disk_cache), "--listing-attrs",
-                             *self.options)
+                             "--disk-cache", str(self.disk_cache), *self.options)
         if result.returncode != 0:
             raise RuntimeError(f"avafs mount failed: {result.stderr.strip()}")
 
@@ -300,17 +311,17 @@ def call_with_deadline(function: Callable[[], object], timeout: float,
 
 
 class RcloneMount(Mount):
-    """`rclone mount --vfs-cache-mode full`, the S3 remote configured through environment,
-    tuned as its documentation advises for S3: `--use-server-modtime` (a listing gives
-    modification times without one HEAD per file) and `--vfs-write-back 0s` (upload at
-    close rather than 5 s later)."""
+    """`rclone mount --vfs-cache-mode full`, the S3 remote configured through environment;
+    `options` (RCLONE_TUNING, `--vfs-cache-max-size`) under another `name` for a variant."""
 
     name = "rclone"
 
-    def __init__(self, server: Store, mountpoint: Path, options: tuple[str, ...] = ()) -> None:
+    def __init__(self, server: Store, mountpoint: Path, options: tuple[str, ...] = (),
+                 name: str = "rclone") -> None:
         super().__init__(server, mountpoint)
         self.options = options
         """More `rclone mount` options, such as `--vfs-cache-max-size`."""
+        self.name = name
 
     def _env(self) -> dict[str, str]:
         """The remote's settings; AWS_CA_BUNDLE is left out because rclone's S3 backend
@@ -332,8 +343,7 @@ class RcloneMount(Mount):
         self._log = open(cache_dir.parent / f"{cache_dir.name}.log", "ab")  # noqa: SIM115
         self._process = subprocess.Popen(
             [peer_binary("rclone") or "rclone", "mount", f"bench:{BUCKET}", str(self.mountpoint),
-             "--vfs-cache-mode", "full", "--cache-dir", str(cache_dir),
-             "--vfs-write-back", "0s", "--use-server-modtime", *self.options],
+             "--vfs-cache-mode", "full", "--cache-dir", str(cache_dir), *self.options],
             env=self._env(), stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
             start_new_session=True)
         wait_until_mounted(self.mountpoint, self._process)

@@ -1,10 +1,11 @@
-"""One benchmark round: every workload on local disk, the direct boto3 baseline, avafs and
-the peers, in that order, each file system through fresh mounts.
+"""One benchmark round: every workload on local disk, the direct boto3 baseline, s5cmd's
+copy of the same objects, avafs and the peers (the variants after the defaults they tune),
+in that order, each file system through fresh mounts.
 
 A file system's round is three mounts. The first starts with an empty cache dir: cold reads,
 then the same files again (warm), then find/stat. The second reuses that cache dir after an
 unmount, with the cache files' pages dropped from the kernel, so reads come from the disk
-tier. The third starts empty again for the warmup and the writes.
+tier. The third starts empty again for the warmup and the writes; a variant has no third.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from pathlib import Path
 from bench.harness import s3server
 from bench.harness.common import Dataset, MiB, read_all, set_aside, timed
 from bench.harness.mounts import AvafsMount, Mount, cpu_seconds, peak_rss
-from bench.harness.profiling import Profiler
-from bench.harness.report import AVAFS, DIRECT, LOCAL, Results
+from bench.harness.profiling import MachineCpu, Profiler
+from bench.harness.references import S5cmd
+from bench.harness.report import AVAFS, DIRECT, LOCAL, S5CMD, VARIANTS, Results
 from bench.harness.workloads import (
     SMALL_THREADS,
     WritePlan,
@@ -37,7 +39,9 @@ PEER_WRITES_SKIPPED = "not measured: add --peer-writes"
 OWN_FORMAT = "not measured: stores its own format, so the bucket cannot show the writes durable"
 WRITE_KEYS = ("write_large", "write_small")
 SERVER_CEILING = "server ceiling: all large files at once, whole-object GETs, 8 threads"
-PEER_STAT_ONCE = "measured in round 1 only: its first walk costs one HEAD per file"
+PEER_STAT_ONCE = ("measured in round 1 only: the target compares avafs at its defaults "
+                  "with local disk, and a peer's first walk costs one HEAD per file")
+VARIANT_READS_ONLY = "not measured: a variant's reads only (the defaults' row has the writes)"
 
 
 @dataclass
@@ -55,6 +59,8 @@ class Setup:
     profiler: Profiler
     peer_writes: bool
     flush_timeout: float
+    s5cmd: S5cmd | None
+    """The s5cmd reference, None when it is not installed."""
 
     def cache_dir(self, name: str) -> Path:
         path = self.workdir / "cache" / name
@@ -65,29 +71,43 @@ class Setup:
         set_aside(path, self.workdir)
 
 
+def add_metered(results: Results, key: str, system: str,
+                function: Callable[[], float]) -> None:
+    """Add the figure `function` returns, with the busy cores of the whole machine while it
+    ran (for a system with no serving process of its own: local disk)."""
+    with MachineCpu() as machine:
+        value = function()
+    results.add(key, system, value, machine=machine.cores)
+
+
 def run_local(setup: Setup, number: int) -> None:
     """Local disk, page cache warm: each set is read once before it is timed."""
     results, dataset, root = setup.results, setup.dataset, setup.local_root
     read_all(root, dataset.large, threads=1)
-    results.add("warm_large", LOCAL, repeated(lambda: read_large(root, dataset)))
+    add_metered(results, "warm_large", LOCAL,
+                lambda: repeated(lambda: read_large(root, dataset)))
     read_all(root, dataset.small, threads=SMALL_THREADS)
-    results.add("warm_small", LOCAL, repeated(lambda: read_small(root, dataset)))
-    results.add("stat_tree", LOCAL, stat_tree(root / "tree", setup.tree_entries))
+    add_metered(results, "warm_small", LOCAL,
+                lambda: repeated(lambda: read_small(root, dataset)))
+    add_metered(results, "stat_tree", LOCAL, lambda: stat_tree(root / "tree",
+                                                               setup.tree_entries))
     target = setup.workdir / "local-writes"
     prefix = f"writes/local-r{number}"
     plan = setup.plan
-    seconds = plan.write_large(target / plan.large_name(prefix), durable=True)
-    results.add("write_large", LOCAL, mb_per_s(plan.large_size, seconds))
-    seconds = plan.write_small(target, prefix, durable=True)
-    results.add("write_small", LOCAL, plan.small_count / seconds)
+    add_metered(results, "write_large", LOCAL, lambda: mb_per_s(plan.large_size, plan.write_large(
+        target / plan.large_name(prefix), durable=True)))
+    add_metered(results, "write_small", LOCAL, lambda: plan.small_count / plan.write_small(
+        target, prefix, durable=True))
     setup.set_aside(target)
 
 
-def timed_with_cpu(function: Callable[[], object]) -> tuple[float, float]:
-    """(wall seconds, CPU seconds of this process) of a direct transfer."""
+def timed_with_cpu(function: Callable[[], object]) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds of this process, busy cores of the whole machine) of a
+    direct transfer."""
     cpu_before = time.process_time()
-    seconds = timed(function)
-    return seconds, time.process_time() - cpu_before
+    with MachineCpu() as machine:
+        seconds = timed(function)
+    return seconds, time.process_time() - cpu_before, machine.cores
 
 
 def run_direct(setup: Setup, number: int) -> None:
@@ -97,22 +117,40 @@ def run_direct(setup: Setup, number: int) -> None:
     the data to local disk does; the whole-object parallel download, which no sequential
     reader of one file at a time can match, is kept as the server's ceiling for reference."""
     results, dataset, client = setup.results, setup.dataset, setup.client
-    seconds, cpu = timed_with_cpu(lambda: s3server.download_transfer(client, dataset.large))
-    results.add("cold_large", DIRECT, mb_per_s(dataset.large_bytes, seconds), cpu)
+    seconds, cpu, cores = timed_with_cpu(
+        lambda: s3server.download_transfer(client, dataset.large))
+    results.add("cold_large", DIRECT, mb_per_s(dataset.large_bytes, seconds), cpu, cores)
     seconds = timed(lambda: s3server.download_objects(client, dataset.large))
     results.reference("cold_large", SERVER_CEILING, mb_per_s(dataset.large_bytes, seconds))
-    seconds, cpu = timed_with_cpu(lambda: s3server.download_objects(client, dataset.small))
-    results.add("cold_small", DIRECT, len(dataset.small) / seconds, cpu)
+    seconds, cpu, cores = timed_with_cpu(
+        lambda: s3server.download_objects(client, dataset.small))
+    results.add("cold_small", DIRECT, len(dataset.small) / seconds, cpu, cores)
     prefix = f"writes/direct-r{number}"
     plan = setup.plan
-    seconds, cpu = timed_with_cpu(lambda: s3server.upload_large(client, plan.large_name(prefix),
-                                                                setup.write_source))
-    results.add("write_large", DIRECT, mb_per_s(plan.large_size, seconds), cpu)
+    seconds, cpu, cores = timed_with_cpu(
+        lambda: s3server.upload_large(client, plan.large_name(prefix), setup.write_source))
+    results.add("write_large", DIRECT, mb_per_s(plan.large_size, seconds), cpu, cores)
     names = plan.small_names(prefix)
-    seconds, cpu = timed_with_cpu(lambda: s3server.upload_small(client, names,
-                                                                plan.small_payload))
-    results.add("write_small", DIRECT, plan.small_count / seconds, cpu)
+    seconds, cpu, cores = timed_with_cpu(
+        lambda: s3server.upload_small(client, names, plan.small_payload))
+    results.add("write_small", DIRECT, plan.small_count / seconds, cpu, cores)
     s3server.delete_keys(client, list(plan.expected(prefix)))
+
+
+def run_s5cmd(setup: Setup, number: int) -> None:
+    """s5cmd copying the large files, then the small ones, to a new local directory."""
+    if setup.s5cmd is None:
+        return
+    dataset, target = setup.dataset, setup.workdir / f"s5cmd-r{number}"
+    for key, prefix, names, size in (("cold_large", "large", dataset.large, dataset.large_size),
+                                     ("cold_small", "small", dataset.small, dataset.small_size)):
+        if not names:
+            continue
+        seconds, cpu, cores = setup.s5cmd.copy(prefix, target / prefix, len(names), size)
+        value = (mb_per_s(len(names) * size, seconds) if key == "cold_large"
+                 else len(names) / seconds)
+        setup.results.add(key, S5CMD, value, cpu, cores)
+    setup.set_aside(target)
 
 
 def missing_from_store(setup: Setup, expected: dict[str, int]) -> list[str]:
@@ -148,9 +186,10 @@ class FuseRound:
         pid = self.mount.pid
         with self.setup.profiler.record(f"r{self.number}-{key}", self._profiled_pid()):
             cpu_before = cpu_seconds(pid) if pid else 0.0
-            value = function()
+            with MachineCpu() as machine:
+                value = function()
             cpu = cpu_seconds(pid) - cpu_before if pid else None
-        self.setup.results.add(key, self.name, value, cpu)
+        self.setup.results.add(key, self.name, value, cpu, machine.cores)
 
     def _profiled_pid(self) -> int | None:
         return self.mount.pid if self.name == AVAFS else None
@@ -190,6 +229,10 @@ class FuseRound:
             self.setup.results.add("peak_rss", self.name, max(self.rss) / MiB)
 
     def _warmup_and_writes(self) -> None:
+        if self.name in VARIANTS:
+            for key in WRITE_KEYS:
+                self.setup.results.note(key, self.name, VARIANT_READS_ONLY)
+            return
         is_avafs = isinstance(self.mount, AvafsMount)
         if not is_avafs and not (self.setup.peer_writes and self.mount.writes_in_bucket):
             reason = OWN_FORMAT if self.setup.peer_writes else PEER_WRITES_SKIPPED
@@ -223,9 +266,10 @@ class FuseRound:
         from avafs.client import Client
 
         setup, root = self.setup, self.mount.mountpoint
-        seconds, cpu = timed_with_cpu(
+        seconds, cpu, cores = timed_with_cpu(
             lambda: s3server.download_objects(setup.client, setup.dataset.small))
-        setup.results.add("warmup_small", DIRECT, len(setup.dataset.small) / seconds, cpu)
+        setup.results.add("warmup_small", DIRECT, len(setup.dataset.small) / seconds, cpu,
+                          cores)
         state: dict = {}
 
         def warm() -> float:

@@ -33,8 +33,9 @@ from pathlib import Path
 from bench.harness import s3server
 from bench.harness.common import Dataset, MiB, read_all
 from bench.harness.mounts import AvafsMount, Mount, cpu_seconds
+from bench.harness.profiling import MachineCpu
 from bench.harness.report import DIRECT, LOCAL
-from bench.harness.runner import FuseRound, Setup, timed_with_cpu
+from bench.harness.runner import FuseRound, Setup, add_metered, timed_with_cpu
 from bench.harness.workloads import SMALL_THREADS, mb_per_s, repeated
 
 IMAGENET_FILE_SIZE = 110 * 1024
@@ -161,14 +162,15 @@ def run_training_local(setup: Setup, plan: TrainingPlan, number: int) -> None:
     """Local disk: the checkpoint with fsync, and the tree's epoch with its pages cached."""
     results = setup.results
     if plan.checkpoint is not None:
-        target = setup.workdir / "local-checkpoint"
-        seconds = plan.checkpoint.write(target / Checkpoint.key(f"r{number}"), durable=True)
-        results.add("ckpt_close", LOCAL, mb_per_s(plan.checkpoint.size, seconds))
+        target, checkpoint = setup.workdir / "local-checkpoint", plan.checkpoint
+        add_metered(results, "ckpt_close", LOCAL, lambda: mb_per_s(
+            checkpoint.size, checkpoint.write(target / Checkpoint.key(f"r{number}"),
+                                              durable=True)))
         setup.set_aside(target)
     if plan.imagenet is not None:
         epoch(setup.local_root, plan.imagenet)
-        results.add("imagenet_epoch2", LOCAL,
-                    repeated(lambda: epoch(setup.local_root, plan.imagenet)))
+        add_metered(results, "imagenet_epoch2", LOCAL,
+                    lambda: repeated(lambda: epoch(setup.local_root, plan.imagenet)))
 
 
 def run_training_direct(setup: Setup, plan: TrainingPlan, number: int) -> None:
@@ -177,9 +179,10 @@ def run_training_direct(setup: Setup, plan: TrainingPlan, number: int) -> None:
     if plan.checkpoint is None:
         return
     key = Checkpoint.key(f"writes/direct-r{number}")
-    seconds, cpu = timed_with_cpu(
+    seconds, cpu, cores = timed_with_cpu(
         lambda: s3server.upload_large(setup.client, key, plan.checkpoint_source))
-    setup.results.add("ckpt_durable", DIRECT, mb_per_s(plan.checkpoint.size, seconds), cpu)
+    setup.results.add("ckpt_durable", DIRECT, mb_per_s(plan.checkpoint.size, seconds), cpu,
+                      cores)
     s3server.delete_keys(setup.client, [key])
 
 
@@ -231,9 +234,9 @@ class TrainingRound(FuseRound):
                 top = data.small[0].split("/", 1)[0]
                 label = key.format(view="pod_ro")
                 with self.setup.profiler.record(f"r{self.number}-{label}", self._profiled_pid()):
-                    rate, cpu = self._read(framework, mount.mountpoint / top, data, workers,
-                                           cache)
-                self.setup.results.add(label, self.name, rate, cpu)
+                    rate, cpu, cores = self._read(framework, mount.mountpoint / top, data,
+                                                  workers, cache)
+                self.setup.results.add(label, self.name, rate, cpu, cores)
         finally:
             mount.options = writable
             self._unmount()
@@ -241,20 +244,22 @@ class TrainingRound(FuseRound):
     def _readers(self, cache: Path) -> None:
         for framework, data, workers, key in self._reader_plan():
             top = data.small[0].split("/", 1)[0]
-            local = self._read(framework, self.setup.local_root / top, data, workers)
+            rate, _, cores = self._read(framework, self.setup.local_root / top, data, workers)
             for view in ("host", "pod", "pod_ro"):
-                self.setup.results.add(key.format(view=view), LOCAL, local[0])
+                self.setup.results.add(key.format(view=view), LOCAL, rate, machine=cores)
             for view in ("host", "pod"):
                 label = key.format(view=view)
                 with self.setup.profiler.record(f"r{self.number}-{label}", self._profiled_pid()):
-                    rate, cpu = self._read(framework, self.mount.mountpoint / top, data,
-                                           workers, cache if view == "pod" else None)
-                self.setup.results.add(label, self.name, rate, cpu)
+                    rate, cpu, cores = self._read(framework, self.mount.mountpoint / top,
+                                                  data, workers,
+                                                  cache if view == "pod" else None)
+                self.setup.results.add(label, self.name, rate, cpu, cores)
 
     def _read(self, framework: str, root: Path, data: Dataset, workers: int,
-              covered: Path | None = None) -> tuple[float, float | None]:
-        """(samples/s, daemon CPU seconds per epoch) of `epoch_reader.py` over `root`; in a
-        pod's view when `covered` (the cache dir to hide) is given."""
+              covered: Path | None = None) -> tuple[float, float | None, float]:
+        """(samples/s, daemon CPU seconds per epoch, busy cores of the whole machine) of
+        `epoch_reader.py` over `root`; in a pod's view when `covered` (the cache dir to hide)
+        is given."""
         command = [sys.executable, "-m", "bench.harness.epoch_reader", framework, str(root),
                    "--samples", str(len(data.small)), "--workers", str(workers), "--epochs",
                    str(self.plan.epochs)]
@@ -272,7 +277,7 @@ class TrainingRound(FuseRound):
             raise RuntimeError(f"{framework} reader over {root} failed ({result.returncode}): "
                                f"{result.stderr.strip()[-2000:]}")
         figures = json.loads(result.stdout.strip().splitlines()[-1])
-        return figures["samples_per_s"], figures["cpu_seconds"]
+        return figures["samples_per_s"], figures["cpu_seconds"], figures["machine_cores"]
 
     def _checkpoint(self) -> None:
         """One checkpoint: close() timed, then the flush until the store has it; the daemon's
@@ -281,13 +286,16 @@ class TrainingRound(FuseRound):
         key, pid = Checkpoint.key(prefix), self.mount.pid
         with self.setup.profiler.record(f"r{self.number}-checkpoint", self._profiled_pid()):
             cpu_before = cpu_seconds(pid)
-            seconds = checkpoint.write(self.mount.mountpoint / key, durable=False)
+            with MachineCpu() as closing:
+                seconds = checkpoint.write(self.mount.mountpoint / key, durable=False)
             cpu_closed = cpu_seconds(pid)
-            flushed = self._flush("ckpt_durable", seconds, {key: checkpoint.size})
+            with MachineCpu() as flushing:
+                flushed = self._flush("ckpt_durable", seconds, {key: checkpoint.size})
             cpu_durable = cpu_seconds(pid)
         results = self.setup.results
         results.add("ckpt_close", self.name, mb_per_s(checkpoint.size, seconds),
-                    cpu_closed - cpu_before)
+                    cpu_closed - cpu_before, closing.cores)
+        durable_cores = (closing.seconds + flushing.seconds) / (closing.wall + flushing.wall)
         results.add("ckpt_durable", self.name, mb_per_s(checkpoint.size, seconds + flushed),
-                    cpu_durable - cpu_before)
+                    cpu_durable - cpu_before, durable_cores)
         s3server.delete_keys(self.setup.client, [key])
