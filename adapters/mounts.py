@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from avafs.client import Client
@@ -69,3 +70,14 @@ def check_snapshot(path: str | os.PathLike[str], snapshot: str) -> None:
         now = "the source as it is now" if served is None else f"snapshot {served['name']!r}"
         raise ValueError(f"{path} is in a mount of {now}, not of snapshot {snapshot!r}: mount "
                          f"it with 'avafs mount SOURCE MOUNTPOINT --snapshot {snapshot}'")
+
+
+def same_snapshot(state: Mapping[str, Any], snapshot: str | None) -> None:
+    """Raise ValueError where a saved state was read from another snapshot than this
+    dataset's (or from the live source while this one reads a snapshot, or the reverse)."""
+    saved = state.get("snapshot")
+    if saved != snapshot:
+        def name(which: str | None) -> str:
+            return "the source as it was" if which is None else f"snapshot {which!r}"
+        raise ValueError(f"state was saved reading {name(saved)}, this dataset reads "
+                         f"{name(snapshot)}: resume on the same data")

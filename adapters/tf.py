@@ -2,7 +2,8 @@
 
 `dataset()` lists the source once in Python (lazily, as the PyTorch side does), then everything
 else is graph ops: a seeded shuffle of the file list, `shard` by `tf.distribute.InputContext`,
-the reads, and `prefetch`; its iterators checkpoint with `tf.train.Checkpoint(iterator=...)`.
+the reads, and `prefetch`; its iterators checkpoint with `tf.train.Checkpoint(iterator=...)`,
+or with `ResumeCheckpoint`, which also records the snapshot the dataset reads.
 TFRecord shards are an interleave of `TFRecordDataset` with `num_parallel_calls=AUTOTUNE`.
 One-file samples are read through the mount's daemon a batch at a time where its control
 socket is reachable (`read_file_samples`, as `AvaMapDataset` does: in place from the cache's
@@ -29,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from adapters.elastic import acknowledged_epoch, worker_identity
-from adapters.mounts import check_snapshot, client_for, manifest_root
+from adapters.mounts import check_snapshot, client_for, manifest_root, same_snapshot
 from adapters.reading import SampleReader
 from adapters.sharding import CoordinatorClient
 from adapters.shards import FILE_BATCH, SampleFormat, read_file_samples
@@ -80,6 +81,41 @@ def dataset(path: str | os.PathLike[str] | None = None, *,
     if batch_size is not None:
         samples = samples.batch(batch_size, drop_remainder=drop_remainder)
     return samples.prefetch(AUTOTUNE)
+
+
+_SNAPSHOT_VARIABLE = "snapshot/.ATTRIBUTES/VARIABLE_VALUE"
+"""Where a `ResumeCheckpoint` keeps the snapshot's name in the checkpoint."""
+
+
+class ResumeCheckpoint(tf.train.Checkpoint):
+    """A `tf.train.Checkpoint` of a dataset's iterator (and whatever else is given) that also
+    records which snapshot the dataset reads (`snapshot=`, None for the source as it is):
+    restoring or reading a checkpoint saved on other data raises ValueError, as the PyTorch
+    datasets' `load_state_dict` does, since an iterator's position means nothing over another
+    file list. The name is a string variable of the checkpoint, so `save`, `write` and the
+    checkpoint managers keep it without more."""
+
+    def __init__(self, iterator: Any, snapshot: str | None = None, **trackables: Any) -> None:
+        self._reads = snapshot
+        super().__init__(iterator=iterator, **trackables,
+                         snapshot=tf.Variable(snapshot or "", trainable=False, dtype=tf.string))
+
+    def restore(self, save_path: str, options: Any = None) -> Any:
+        self._check_snapshot(save_path)
+        return super().restore(save_path, options)
+
+    def read(self, save_path: str, options: Any = None) -> Any:
+        self._check_snapshot(save_path)
+        return super().read(save_path, options)
+
+    def _check_snapshot(self, save_path: str) -> None:
+        """Before anything is restored: a checkpoint without the record (a plain
+        `tf.train.Checkpoint`) counts as saved reading the source as it was."""
+        try:
+            saved = tf.train.load_variable(save_path, _SNAPSHOT_VARIABLE).decode()
+        except tf.errors.NotFoundError:
+            saved = ""
+        same_snapshot({"snapshot": saved or None}, self._reads)
 
 
 def dataset_fn(path: str | os.PathLike[str] | None = None, *, global_batch_size: int,

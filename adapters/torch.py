@@ -28,7 +28,7 @@ import torch.utils.data
 
 from adapters.cache_order import CachedMask, cached_mask, windows
 from adapters.elastic import acknowledged_epoch, worker_identity
-from adapters.mounts import check_snapshot, client_for, manifest_root
+from adapters.mounts import check_snapshot, client_for, manifest_root, same_snapshot
 from adapters.prefetch import MountHints
 from adapters.reading import SampleReader
 from adapters.sharding import CoordinatorClient
@@ -100,17 +100,6 @@ class AvaMapDataset(torch.utils.data.Dataset):
         if self.transform is None:
             return list(samples)
         return [self.transform(sample) for sample in samples]
-
-
-def same_snapshot(state: Mapping[str, Any], snapshot: str | None) -> None:
-    """Raise ValueError where a saved state was read from another snapshot than this
-    dataset's (or from the live source while this one reads a snapshot, or the reverse)."""
-    saved = state.get("snapshot")
-    if saved != snapshot:
-        def name(which: str | None) -> str:
-            return "the source as it was" if which is None else f"snapshot {which!r}"
-        raise ValueError(f"state was saved reading {name(saved)}, this dataset reads "
-                         f"{name(snapshot)}: resume on the same data")
 
 
 class PrefetchingSampler(torch.utils.data.Sampler[int]):

@@ -1,6 +1,7 @@
 """Datasets that read a snapshot (README, "Snapshots"): the sample list is the snapshot's,
 whatever the bucket holds now; a dataset refuses a mount that serves other data; the resume
-state names the snapshot and refuses to resume on other data."""
+state (the PyTorch datasets' state, the TF `ResumeCheckpoint`) names the snapshot and refuses
+to resume on other data."""
 
 from __future__ import annotations
 
@@ -59,3 +60,13 @@ def test_a_tf_dataset_of_a_snapshot_lists_the_recorded_files(local_bucket, mount
     assert [(element["__key__"], element["data"]) for element in elements] == [(b"a", b"a")]
     with pytest.raises(ValueError, match="not of snapshot 'v2'"):
         tf_adapter.dataset(snap, snapshot="v2")
+
+    iterator = iter(tf_adapter.dataset(snap, snapshot="v1"))
+    saved = tf_adapter.ResumeCheckpoint(iterator, snapshot="v1").save(str(tmp_path / "ckpt"))
+    tf_adapter.ResumeCheckpoint(iter(tf_adapter.dataset(snap, snapshot="v1")),
+                                snapshot="v1").restore(saved)
+    live = tf_adapter.dataset(mount(local_bucket.as_uri(), "--read-only",
+                                    mountpoint=tmp_path / "live", cache_dir=tmp_path / "live-cache"))
+    with pytest.raises(ValueError, match="state was saved reading snapshot 'v1', this dataset "
+                                         "reads the source as it was"):
+        tf_adapter.ResumeCheckpoint(iter(live)).restore(saved)
