@@ -1,6 +1,7 @@
 """Snapshots through real mounts (README, "Snapshots"): made from a mount's directory or a
 bucket URL, mounted read-only with --snapshot, read back byte-exact after the bucket changed,
-on a moto bucket with versions and without, and on a file:// bucket; warmed with
+on a moto and a SeaweedFS bucket with versions, a moto bucket without, and on a file://
+bucket; warmed with
 `avafs warmup --snapshot`."""
 
 from __future__ import annotations
@@ -76,6 +77,29 @@ def test_a_versioned_bucket_reads_the_snapshot_after_overwrites_and_deletes(
         status = run_avafs("status", str(snap), "--json")
         assert '"name": "monday"' in status.stdout
         unmount(snap)
+
+
+def test_a_versioned_seaweedfs_bucket_reads_the_snapshot_after_an_overwrite_and_a_delete(
+        seaweed_cluster, mount, tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "seaweed")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "seaweed-secret")
+    client = seaweed_cluster.client()
+    client.create_bucket(Bucket="versioned")
+    client.put_bucket_versioning(Bucket="versioned",
+                                 VersioningConfiguration={"Status": "Enabled"})
+    recorded = {"a.bin": payload(6, BLOCK + 5), "b.bin": payload(7, 4000)}
+    for key, body in recorded.items():
+        client.put_object(Bucket="versioned", Key=key, Body=body)
+    made = run_avafs("snapshot", "create", "s3://versioned", "v1", "--endpoint-url",
+                     seaweed_cluster.endpoint)
+    assert made.returncode == 0, made.stderr
+    assert "pinned by versions" in made.stdout
+    client.put_object(Bucket="versioned", Key="a.bin", Body=b"overwritten")
+    client.delete_object(Bucket="versioned", Key="b.bin")
+    snap = mount("s3://versioned", "--endpoint-url", seaweed_cluster.endpoint, "--block-size",
+                 str(BLOCK), "--snapshot", "v1", mountpoint=tmp_path / "snap",
+                 cache_dir=tmp_path / "cache")
+    assert _tree(snap) == recorded
 
 
 def test_an_unversioned_bucket_serves_cached_blocks_then_fails_once_they_are_gone(
