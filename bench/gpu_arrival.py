@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_sched.arrival import ARRIVAL_POLICIES, run_arrival
+from gpu_sched.deployed import DEPLOYED_POLICIES, run_deployed
 from gpu_sched.trace import TraceNode, TracePod, read_nodes, read_pods
 
 WORKLOADS = ("default", "cpu050", "cpu100", "cpu200", "cpu250", "gpushare40", "gpushare60",
@@ -47,12 +48,13 @@ def _trace(directory: str, workload: str) -> tuple[list[TraceNode], list[TracePo
             read_pods(base / f"openb_pod_list_{workload}.csv"))
 
 
-def _one(job: tuple[str, str, str, int]) -> dict[str, Any]:
-    directory, workload, policy, seed = job
+def _one(job: tuple[str, str, str, str, int]) -> dict[str, Any]:
+    directory, mode, workload, policy, seed = job
     nodes, pods = _trace(directory, workload)
     started = time.process_time()
-    report = run_arrival(nodes, pods, policy, 1.3, seed)
-    return {"workload": workload, "policy": policy, "seed": seed,
+    run = run_deployed if mode == "deployed" else run_arrival
+    report = run(nodes, pods, policy, 1.3, seed)
+    return {"mode": mode, "workload": workload, "policy": policy, "seed": seed,
             "cpu_seconds": time.process_time() - started,
             **{key: report[key] for key in ("allocation_at_100", "allocation_at_demand",
                                             "unallocated_gpus", "fragmented_gpus", "failed")}}
@@ -108,13 +110,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first-seed", type=int, default=FIRST_SEED)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
-    parser.add_argument("--policies", default=",".join(ARRIVAL_POLICIES))
+    parser.add_argument("--mode", choices=("simulator", "deployed"), default="simulator",
+                        help="deployed: every pod through the kube-scheduler emulation")
+    parser.add_argument("--policies", help="default: fgd,binpack,spread,random "
+                        "(deployed: also fgd-warm)")
     parser.add_argument("--paper-csv", type=Path, help="the paper's analysis_allo_discrete.csv")
     parser.add_argument("--out", type=Path,
                         help="append every run's figures to this file, one JSON line each")
     args = parser.parse_args(argv)
     workloads = args.workloads.split(",")
-    policies = args.policies.split(",")
+    policies = (args.policies or ",".join(DEPLOYED_POLICIES if args.mode == "deployed"
+                                          else ARRIVAL_POLICIES)).split(",")
     paper = paper_means(args.paper_csv) if args.paper_csv else None
     if args.table:
         runs = {}
@@ -133,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     # Seed by seed, so an interrupted run still covers every workload and policy.
-    jobs = [(args.trace, w, p, args.first_seed + s) for s in range(args.seeds)
+    jobs = [(args.trace, args.mode, w, p, args.first_seed + s) for s in range(args.seeds)
             for w in workloads for p in policies]
     started = time.monotonic()
     results = []

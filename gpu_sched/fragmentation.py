@@ -23,7 +23,7 @@ a few array operations.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,11 +69,14 @@ class PodTypes:
     time and barely move the weights), and the weights renormalised to sum to 1.
     """
 
-    def __init__(self, shapes: Iterable[Shape], node_models: list[str],
+    def __init__(self, shapes: Iterable[Shape] | Mapping[Shape, int], node_models: list[str],
                  coverage: float = 0.95, memory: bool = True) -> None:
-        counts = Counter(shape if memory else Shape(shape.cpu, 0, shape.gpus, shape.milli,
-                                                    shape.models)
-                         for shape in shapes)
+        """`shapes`: one per pod, or each with its count (cheaper for a large mix)."""
+        counted = shapes if isinstance(shapes, Mapping) else Counter(shapes)
+        counts: Counter[Shape] = Counter()
+        for shape, count in counted.items():
+            counts[shape if memory else Shape(shape.cpu, 0, shape.gpus, shape.milli,
+                                              shape.models)] += count
         total = sum(counts.values())
         kept: list[tuple[Shape, int]] = []
         covered = 0
