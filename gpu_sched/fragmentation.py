@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -55,6 +56,12 @@ class Shape:
         return self.gpus * self.milli
 
 
+@lru_cache(maxsize=65536)
+def _order(shape: Shape) -> str:
+    """A fixed order among shapes equally common, cached: the extender ranks its mix per pod."""
+    return repr(shape)
+
+
 def model_access(models: frozenset[str], node_models: list[str]) -> np.ndarray:
     """Which nodes a shape may use; a node with no model serves only shapes that accept any."""
     if not models:
@@ -80,7 +87,7 @@ class PodTypes:
         total = sum(counts.values())
         kept: list[tuple[Shape, int]] = []
         covered = 0
-        for shape, count in sorted(counts.items(), key=lambda item: (-item[1], repr(item[0]))):
+        for shape, count in sorted(counts.items(), key=lambda item: (-item[1], _order(item[0]))):
             if total and covered >= coverage * total:
                 break
             kept.append((shape, count))
