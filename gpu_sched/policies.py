@@ -1,5 +1,5 @@
-"""Node choice: binpack (the default), spread (Kubernetes' own behaviour, for comparison), random,
-and fgd (fragmentation gradient descent, see fragmentation.py).
+"""Node choice: fgd (fragmentation gradient descent, see fragmentation.py; the extender's default),
+binpack, spread (Kubernetes' own behaviour, for comparison) and random.
 
 A policy ranks the nodes that can take a request with a cheap preference from GPU counts alone, and
 only for the nodes tied at the best preference does it work out the concrete GPUs, breaking the tie
