@@ -19,6 +19,7 @@ record them, and the experiment is about which node, not which GPUs of it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -299,59 +300,90 @@ def _by_percent(arrived: np.ndarray, values: np.ndarray, capacity: int,
     return result
 
 
+Placer = Callable[[int, Shape], tuple[int, list[int]] | None]
+"""Given a pod's index in the workload and its shape, the node index and GPU indices it gets."""
+
+
 def run_arrival(nodes: list[TraceNode], pods: list[TracePod], policy: str, demand: float = 1.3,
                 seed: int = 0) -> dict[str, Any]:
     """One run of the experiment; see the module docstring for what is measured."""
-    if not pods:
-        raise TraceError("the workload has no pods")
-    cluster = Cluster(nodes)
-    if not cluster.capacity_milli:
-        raise TraceError("the cluster has no GPUs")
-    pods = sorted(pods, key=lambda pod: pod.name)
-    shapes = [pod_shape(pod) for pod in pods]
-    rng = np.random.default_rng(seed)
-    order = arrival_order(shapes, cluster.capacity_milli, demand, rng)
-    chooser = make_arrival_policy(policy, cluster, shapes, rng)
-    measured = PodTypes(shapes, cluster.models, memory=False)
-    arrived = np.zeros(len(order), dtype=np.int64)
-    used = np.zeros(len(order), dtype=np.int64)
-    fragmented_at_100: float | None = None
-    demand_so_far = failed = failed_gpu = gpu_pods = 0
-    capacity = cluster.capacity_milli
-    for position, index in enumerate(order):
-        shape = shapes[index]
-        demand_so_far += shape.gpu_milli
-        gpu_pods += shape.gpus > 0
-        choice = chooser.choose(shape, cluster.feasible(shape))
-        if choice is None:
-            failed += 1
-            failed_gpu += shape.gpus > 0
-        else:
-            node, gpus = choice
-            cluster.take(node, gpus, shape)
-            chooser.placed(node)
-        arrived[position] = demand_so_far
-        used[position] = cluster.used_milli
-        if fragmented_at_100 is None and demand_so_far >= capacity:
-            fragmented_at_100 = cluster.fragmentation(measured) / MILLI
-    last = int(round(demand * 100))
-    allocation = _by_percent(arrived, used / capacity, capacity, last)
-    return {
-        "mode": "arrival",
-        "policy": policy,
-        "seed": seed,
-        "demand": demand,
-        "nodes": len(cluster.names),
-        "gpus": capacity // MILLI,
-        "pods_arrived": len(order),
-        "gpu_pods_arrived": gpu_pods,
-        "failed": failed,
-        "failed_gpu_pods": failed_gpu,
-        "allocation_by_arrival_percent": allocation,
-        "allocation_at_100": allocation[100] if last >= 100 else None,
-        "allocation_at_demand": (allocation[last] if allocation[last] is not None
-                                 else cluster.used_milli / capacity),
-        "unallocated_gpus": (capacity - cluster.used_milli) / MILLI,
-        "fragmented_gpus_at_100": fragmented_at_100,
-        "fragmented_gpus": cluster.fragmentation(measured) / MILLI,
-    }
+    workload = Workload(nodes, pods, demand, seed)
+    chooser = make_arrival_policy(policy, workload.cluster, workload.shapes, workload.rng)
+
+    def place(_: int, shape: Shape) -> tuple[int, list[int]] | None:
+        return chooser.choose(shape, workload.cluster.feasible(shape))
+
+    return workload.measure(place, chooser.placed, {"mode": "arrival", "policy": policy})
+
+
+class Workload:
+    """One seeded arrival of a workload's pods onto a fresh cluster, and its measurement.
+
+    The arrival order is drawn from `rng` first; the rng goes on to the placer (a random policy
+    draws from it), so a seed fixes the arrivals whatever places them.
+    """
+
+    def __init__(self, nodes: list[TraceNode], pods: list[TracePod], demand: float,
+                 seed: int) -> None:
+        if not pods:
+            raise TraceError("the workload has no pods")
+        self.cluster = Cluster(nodes)
+        if not self.cluster.capacity_milli:
+            raise TraceError("the cluster has no GPUs")
+        self.pods = sorted(pods, key=lambda pod: pod.name)
+        self.shapes = [pod_shape(pod) for pod in self.pods]
+        self.demand = demand
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+        self.order = arrival_order(self.shapes, self.cluster.capacity_milli, demand, self.rng)
+
+    def measure(self, place: Placer, placed: Callable[[int], None],
+                labels: dict[str, Any]) -> dict[str, Any]:
+        """Every arrival placed by `place` and taken from the cluster (`placed` is told the node
+        after), with the figures the module docstring lists."""
+        cluster, shapes, order = self.cluster, self.shapes, self.order
+        measured = PodTypes(shapes, cluster.models, memory=False)
+        arrived = np.zeros(len(order), dtype=np.int64)
+        used = np.zeros(len(order), dtype=np.int64)
+        fragmented_at_100: float | None = None
+        used_at_100: float | None = None
+        demand_so_far = failed = failed_gpu = gpu_pods = 0
+        capacity = cluster.capacity_milli
+        for position, index in enumerate(order):
+            shape = shapes[index]
+            demand_so_far += shape.gpu_milli
+            gpu_pods += shape.gpus > 0
+            choice = place(int(index), shape)
+            if choice is None:
+                failed += 1
+                failed_gpu += shape.gpus > 0
+            else:
+                node, gpus = choice
+                cluster.take(node, gpus, shape)
+                placed(node)
+            arrived[position] = demand_so_far
+            used[position] = cluster.used_milli
+            if fragmented_at_100 is None and demand_so_far >= capacity:
+                fragmented_at_100 = cluster.fragmentation(measured) / MILLI
+                used_at_100 = cluster.used_milli / capacity
+        last = int(round(self.demand * 100))
+        allocation = _by_percent(arrived, used / capacity, capacity, last)
+        at_100 = allocation[100] if last >= 100 else None
+        return {
+            **labels,
+            "seed": self.seed,
+            "demand": self.demand,
+            "nodes": len(cluster.names),
+            "gpus": capacity // MILLI,
+            "pods_arrived": len(order),
+            "gpu_pods_arrived": gpu_pods,
+            "failed": failed,
+            "failed_gpu_pods": failed_gpu,
+            "allocation_by_arrival_percent": allocation,
+            "allocation_at_100": at_100 if at_100 is not None else used_at_100,
+            "allocation_at_demand": (allocation[last] if allocation[last] is not None
+                                     else cluster.used_milli / capacity),
+            "unallocated_gpus": (capacity - cluster.used_milli) / MILLI,
+            "fragmented_gpus_at_100": fragmented_at_100,
+            "fragmented_gpus": cluster.fragmentation(measured) / MILLI,
+        }

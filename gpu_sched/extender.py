@@ -1,6 +1,6 @@
 """kube-scheduler extender: /filter, /prioritize and /bind over HTTP, in kube-scheduler's own JSON.
 
-Run: python -m gpu_sched.extender --port 8888 [--policy binpack] [--quota FILE] [--kube-api URL]
+Run: python -m gpu_sched.extender --port 8888 [--policy fgd] [--quota FILE] [--kube-api URL]
 
 Request and response bodies follow k8s.io/kube-scheduler/extender/v1 exactly (Go field names, no
 json tags): ExtenderArgs {Pod, Nodes, NodeNames}; ExtenderFilterResult {Nodes, NodeNames,
@@ -619,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--port", type=_port, required=True)
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
-    parser.add_argument("--policy", choices=POLICY_NAMES, default="binpack")
+    parser.add_argument("--policy", choices=POLICY_NAMES, default="fgd")
     parser.add_argument("--seed", type=int, help="seed for --policy random")
     parser.add_argument("--quota", help="quota YAML file (see gpu_sched/README.md)")
     parser.add_argument("--kube-api", help="API server URL; default: in-cluster, then kubeconfig")

@@ -23,8 +23,9 @@ a few array operations.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -55,6 +56,12 @@ class Shape:
         return self.gpus * self.milli
 
 
+@lru_cache(maxsize=65536)
+def _order(shape: Shape) -> str:
+    """A fixed order among shapes equally common, cached: the extender ranks its mix per pod."""
+    return repr(shape)
+
+
 def model_access(models: frozenset[str], node_models: list[str]) -> np.ndarray:
     """Which nodes a shape may use; a node with no model serves only shapes that accept any."""
     if not models:
@@ -69,15 +76,18 @@ class PodTypes:
     time and barely move the weights), and the weights renormalised to sum to 1.
     """
 
-    def __init__(self, shapes: Iterable[Shape], node_models: list[str],
+    def __init__(self, shapes: Iterable[Shape] | Mapping[Shape, int], node_models: list[str],
                  coverage: float = 0.95, memory: bool = True) -> None:
-        counts = Counter(shape if memory else Shape(shape.cpu, 0, shape.gpus, shape.milli,
-                                                    shape.models)
-                         for shape in shapes)
+        """`shapes`: one per pod, or each with its count (cheaper for a large mix)."""
+        counted = shapes if isinstance(shapes, Mapping) else Counter(shapes)
+        counts: Counter[Shape] = Counter()
+        for shape, count in counted.items():
+            counts[shape if memory else Shape(shape.cpu, 0, shape.gpus, shape.milli,
+                                              shape.models)] += count
         total = sum(counts.values())
         kept: list[tuple[Shape, int]] = []
         covered = 0
-        for shape, count in sorted(counts.items(), key=lambda item: (-item[1], repr(item[0]))):
+        for shape, count in sorted(counts.items(), key=lambda item: (-item[1], _order(item[0]))):
             if total and covered >= coverage * total:
                 break
             kept.append((shape, count))

@@ -1,5 +1,5 @@
-"""Node choice: binpack (the default), spread (Kubernetes' own behaviour, for comparison), random,
-and fgd (fragmentation gradient descent, see fragmentation.py).
+"""Node choice: fgd (fragmentation gradient descent, see fragmentation.py; the extender's default),
+binpack, spread (Kubernetes' own behaviour, for comparison) and random.
 
 A policy ranks the nodes that can take a request with a cheap preference from GPU counts alone, and
 only for the nodes tied at the best preference does it work out the concrete GPUs, breaking the tie
@@ -17,7 +17,7 @@ import random
 import threading
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -174,8 +174,9 @@ class FgdPolicy(BinpackPolicy):
     name = "fgd"
     HISTORY = 10_000
 
-    def __init__(self) -> None:
-        self._seen: Counter[Shape] = Counter()
+    def __init__(self, known: Iterable[Shape] = ()) -> None:
+        """`known`: pods to count before any is asked about, when the workload's mix is known."""
+        self._seen: Counter[Shape] = Counter(known)
         self._lock = threading.Lock()
 
     def _observe(self, shape: Shape) -> Counter[Shape]:
@@ -196,7 +197,7 @@ class FgdPolicy(BinpackPolicy):
         """Per node: the least growth of the mix's expected waste if it took the request, and the
         room (milli-GPU left) of the GPU a share would take for it (1000 for whole GPUs)."""
         shape = request_shape(request)
-        types = PodTypes(mix.elements(), [node.model for node in nodes])
+        types = PodTypes(mix, [node.model for node in nodes])
         width = max(node.capacity for node in nodes) or 1
         gpu_left = np.zeros((len(nodes), width), dtype=np.int64)
         for row, node in enumerate(nodes):
@@ -225,23 +226,23 @@ class FgdPolicy(BinpackPolicy):
         room[candidates[order][first]] = levels[order][first]
         return best, room
 
-    def _ranked(self, request: GpuRequest, nodes: Sequence[NodeGpus], delta: np.ndarray,
-                room: np.ndarray) -> list[tuple[NodeGpus, Placement]]:
-        """Fitting nodes with their placements, best first."""
+    def _first(self, request: GpuRequest, nodes: Sequence[NodeGpus], delta: np.ndarray,
+               room: np.ndarray) -> tuple[NodeGpus, Placement] | None:
+        """The best fitting node with its placement; placements are worked out in rank order
+        only until one fits."""
         def key(index: int) -> tuple[float, int, int, str]:
             node = nodes[index]
             whole_after = node.free_count() - (int(room[index] == MILLI_PER_GPU)
                                                if request.is_shared else request.gpus)
             return (delta[index], whole_after, int(node.used_milli() == 0), node.name)
 
-        ranked = []
         for index in sorted(range(len(nodes)), key=key):
             node = nodes[index]
             placement = (node.share_on(int(room[index]), request.milli) if request.is_shared
                          else node.choose(request) if request.wants_gpu else Placement((), 0))
             if placement is not None:
-                ranked.append((node, placement))
-        return ranked
+                return node, placement
+        return None
 
     def place(self, node: NodeGpus, request: GpuRequest) -> Placement | None:
         if not request.is_shared:
@@ -254,8 +255,7 @@ class FgdPolicy(BinpackPolicy):
         if not nodes:
             return None
         delta, room = self._best(self._observe(request_shape(request)), request, nodes)
-        ranked = self._ranked(request, nodes, delta, room)
-        return ranked[0] if ranked else None
+        return self._first(request, nodes, delta, room)
 
     def scores(self, request: GpuRequest, nodes: Sequence[NodeGpus]) -> dict[str, int]:
         """The chosen node 10; the others 0-9, the least waste growth highest."""
@@ -266,9 +266,9 @@ class FgdPolicy(BinpackPolicy):
         span = high - low or 1.0
         scores = {node.name: round((MAX_SCORE - 1) * (high - value) / span)
                   for node, value in zip(nodes, delta, strict=True)}
-        ranked = self._ranked(request, nodes, delta, room)
-        if ranked:
-            scores[ranked[0][0].name] = MAX_SCORE
+        first = self._first(request, nodes, delta, room)
+        if first is not None:
+            scores[first[0].name] = MAX_SCORE
         return scores
 
 
