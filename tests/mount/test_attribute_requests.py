@@ -32,6 +32,14 @@ def _dataset(server: S3Server, bucket: str) -> None:
                       Metadata={"mode": str(stat.S_IFLNK | 0o777)})
 
 
+def _dataset_read_once(server: S3Server, bucket: str, s3_mount, cache: Path) -> Path:
+    """The dataset stored, mounted on `cache`, stat'ed once; returns the mountpoint."""
+    _dataset(server, bucket)
+    mnt = s3_mount(cache_dir=cache)
+    _check_dataset(mnt)
+    return mnt
+
+
 def _check_dataset(mnt: Path) -> None:
     for key, body in SMALL.items():
         found = os.stat(mnt / key)
@@ -55,10 +63,8 @@ def test_a_small_files_first_stat_costs_the_get_its_read_needs_and_no_head(
 
 def test_a_remount_on_the_same_cache_dir_reads_no_attributes_again(
         s3_server, bucket, s3_mount, tmp_path):
-    _dataset(s3_server, bucket)
     cache = tmp_path / "kept-cache"
-    mnt = s3_mount(cache_dir=cache)
-    _check_dataset(mnt)
+    mnt = _dataset_read_once(s3_server, bucket, s3_mount, cache)
     (mnt / "data/written.txt").write_bytes(b"written here")
     os.chmod(mnt / "data/written.txt", 0o640)
     unmount(mnt)
@@ -73,11 +79,8 @@ def test_a_remount_on_the_same_cache_dir_reads_no_attributes_again(
 
 def test_attributes_changed_in_place_by_another_tool_are_read_again_after_a_remount(
         s3_server, bucket, s3_mount, tmp_path):
-    _dataset(s3_server, bucket)
     cache = tmp_path / "kept-cache"
-    mnt = s3_mount(cache_dir=cache)
-    _check_dataset(mnt)
-    unmount(mnt)
+    unmount(_dataset_read_once(s3_server, bucket, s3_mount, cache))
     time.sleep(1.1)  # a new write time, whatever the store's precision
     key = "data/1.bin"
     s3_server.client().copy_object(
