@@ -23,7 +23,8 @@ from ...errors import AvafsError
 from ..base import StoreLimits
 from .lean import Changed
 from .profile import profile_session
-from .store import S3Store, _code, _size_class
+from .replies import error_code
+from .store import S3Store, _size_class
 
 ACCESS_KEY_VARIABLE = "AVAFS_CLUSTER_ACCESS_KEY_ID"
 SECRET_KEY_VARIABLE = "AVAFS_CLUSTER_SECRET_ACCESS_KEY"
@@ -127,7 +128,7 @@ class ClusterBucket(S3Store):
             try:
                 reply = self._sized(size).get_object(Bucket=self.bucket, Key=self.prefix + key)
             except botocore.exceptions.ClientError as error:
-                if _code(error) in _ABSENT:
+                if error_code(error) in _ABSENT:
                     return None
                 raise
             return reply["Body"].read(), reply.get("Metadata", {})
@@ -145,7 +146,7 @@ class ClusterBucket(S3Store):
                 self._sized(0).put_object(Bucket=self.bucket, Key=self.prefix + key, Body=data,
                                           IfNoneMatch="*")
             except botocore.exceptions.ClientError as error:
-                if _code(error) in _TAKEN:
+                if error_code(error) in _TAKEN:
                     return False
                 raise
         return True
@@ -192,7 +193,7 @@ class ClusterBucket(S3Store):
             try:
                 reply = self._sized(0).head_object(Bucket=self.bucket, Key=self.prefix + key)
             except botocore.exceptions.ClientError as error:
-                if _code(error) in _ABSENT:
+                if error_code(error) in _ABSENT:
                     return None
                 raise
         date = reply.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")

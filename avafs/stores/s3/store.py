@@ -28,17 +28,18 @@ import aiohttp
 import boto3
 import botocore.exceptions
 import urllib3.exceptions
-from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
 from ...errors import AvafsError, ObjectChangedError, StoreError
 from .. import metadata
-from ..base import Listing, MultipartUploads, ObjectInfo, ObjectStore, Part, StoreLimits
+from ..base import Listing, ObjectInfo, ObjectStore, StoreLimits
 from ..metadata import Attrs
 from . import botocore_adapter
 from .deadlines import DeadlineBody, DeadlinePassed, Deadlines
-from .lean import Changed, LeanRequests, sends_crc32
+from .lean import Changed, LeanRequests
 from .loop_get import LoopGets
+from .multipart import PART, TRANSFER, S3MultipartUploads
+from .replies import error_code, unquoted_etag
 from .versions import GONE, current_versions, read_version
 
 log = logging.getLogger(__name__)
@@ -63,23 +64,11 @@ _READ_TRIES = 6
 _READ_BUDGET = 2
 """A data read's tries together take at most this many times the limit of one (StoreLimits),
 so a store that does not answer costs a reader two timeouts before EIO, not six."""
-_TRANSFER = TransferConfig(multipart_threshold=64 * 2**20, multipart_chunksize=8 * 2**20,
-                           max_concurrency=8, use_threads=True)
-"""Eight 8 MiB parts in flight (64 MiB of buffers per large upload, as four 16 MiB parts were):
-more requests in flight is what a single large upload needs to fill the link (the direct
-upload's baseline uses the same)."""
-_PART = _TRANSFER.multipart_chunksize
-"""Completing an upload, whose work at the server grows with the object, gets the time of one
-part's transfer on top of the base limit."""
 _FAILED_READ_MEMORY = 1.0
 """Seconds a failed read is answered with its error without asking the store again: the
 kernel follows a failed read-ahead at once with a read of its own of the same pages, which
 would make a reader wait for a dead store twice."""
 _DEFAULT_LIMITS = StoreLimits()
-
-
-def _code(error: botocore.exceptions.ClientError) -> str:
-    return str(error.response.get("Error", {}).get("Code", ""))
 
 
 def _printable_endpoint(url: str | None) -> str:
@@ -90,10 +79,6 @@ def _printable_endpoint(url: str | None) -> str:
     return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
 
 
-def _etag(raw: str) -> str:
-    return raw.strip('"')
-
-
 def _status(error: botocore.exceptions.ClientError) -> int:
     return int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
 
@@ -102,7 +87,7 @@ def _is_permanent(error: Exception) -> bool:
     """Whether repeating the request cannot help: a 4xx that is no throttle or clock skew,
     or a client without usable credentials."""
     if isinstance(error, botocore.exceptions.ClientError):
-        return 400 <= _status(error) < 500 and _code(error) not in _TRANSIENT
+        return 400 <= _status(error) < 500 and error_code(error) not in _TRANSIENT
     return isinstance(error, _PERMANENT_CLIENT_ERRORS)
 
 
@@ -112,12 +97,13 @@ def _size_class(size: int) -> int:
     return 0 if size <= 0 else 1 << max(20, (size - 1).bit_length())
 
 
-class S3Store(ObjectStore, MultipartUploads):
+class S3Store(S3MultipartUploads, ObjectStore):
     """A bucket (or a prefix of one) over S3's API. Larger than the rest on purpose: every
     request here shares one set of clients per size class, one way of turning botocore's
     failures into StoreErrors that say permanent or not, and one budget of tries per read;
     the transports that send requests another way live beside it (lean.py, loop_get.py),
-    and what only the cluster tier needs in its subclass (cluster_bucket.py)."""
+    multipart uploads in a part of their own (multipart.py), and what only the cluster tier
+    needs in its subclass (cluster_bucket.py)."""
 
     timeout_option = "--store-timeout"
     min_rate_option = "--store-min-rate"
@@ -194,7 +180,7 @@ class S3Store(ObjectStore, MultipartUploads):
             return (f"cannot reach S3 endpoint {self.endpoint}: check {self.endpoint_option} "
                     "and that the server is up")
         if isinstance(error, botocore.exceptions.ClientError):
-            code = _code(error)
+            code = error_code(error)
             if code in _DENIED:
                 return (f"access denied to bucket {self.bucket!r} at {self.endpoint} ({code}): "
                         "check the credentials and the bucket policy")
@@ -233,7 +219,7 @@ class S3Store(ObjectStore, MultipartUploads):
             for page in pages:
                 prefixes.extend(entry["Prefix"][skip:] for entry in page.get("CommonPrefixes", ()))
                 objects.extend(
-                    ObjectInfo(entry["Key"][skip:], entry["Size"], _etag(entry["ETag"]),
+                    ObjectInfo(entry["Key"][skip:], entry["Size"], unquoted_etag(entry["ETag"]),
                                entry["LastModified"].timestamp())
                     for entry in page.get("Contents", ()))
         return Listing(prefixes, objects)
@@ -265,13 +251,13 @@ class S3Store(ObjectStore, MultipartUploads):
         try:
             reply = client.head_object(Bucket=self.bucket, Key=self.prefix + key)
         except botocore.exceptions.ClientError as error:
-            if _code(error) in ("404", "NoSuchKey", "NotFound"):
+            if error_code(error) in ("404", "NoSuchKey", "NotFound"):
                 return None
             raise self._failure(error, f"HEAD of {key!r}") from None
         except botocore.exceptions.BotoCoreError as error:
             raise self._failure(error, f"HEAD of {key!r}") from None
         mtime, attrs = metadata.decode(reply.get("Metadata", {}))
-        return ObjectInfo(key, reply["ContentLength"], _etag(reply["ETag"]),
+        return ObjectInfo(key, reply["ContentLength"], unquoted_etag(reply["ETag"]),
                           reply["LastModified"].timestamp() if mtime is None else mtime, attrs)
 
     def get_range(self, key: str, start: int, length: int, etag: str) -> bytes:
@@ -413,7 +399,7 @@ class S3Store(ObjectStore, MultipartUploads):
             data = read_version(self._sized(length), self.bucket, self.prefix + key, start,
                                 length, version_id)
         except botocore.exceptions.ClientError as error:
-            if _code(error) in GONE:
+            if error_code(error) in GONE:
                 raise ObjectChangedError(f"{self.url}{key}: version {version_id} is gone") \
                     from None
             raise self._failure(error, f"GET of version {version_id} of {key!r}") from None
@@ -446,7 +432,7 @@ class S3Store(ObjectStore, MultipartUploads):
                     Bucket=self.bucket, Key=self.prefix + key, IfMatch=f'"{etag}"',
                     Range=f"bytes={start}-{start + length - 1}")
             except botocore.exceptions.ClientError as error:
-                if _code(error) in ("PreconditionFailed", "412", "NoSuchKey", "404"):
+                if error_code(error) in ("PreconditionFailed", "412", "NoSuchKey", "404"):
                     raise self._changed(key) from None
                 raise self._failure(error, f"GET of {key!r}") from None
             except botocore.exceptions.BotoCoreError as error:
@@ -462,18 +448,18 @@ class S3Store(ObjectStore, MultipartUploads):
         attrs = attrs or Attrs()
         user = {} if mtime is None else metadata.encode(mtime, attrs)
         with self._store_errors(f"PUT of {key!r}"):
-            if size < _TRANSFER.multipart_threshold:
+            if size < TRANSFER.multipart_threshold:
                 data = body.read()
                 etag = self._lean.put(self.prefix + key, data, user)
                 if etag is None:
-                    etag = _etag(self._sized(size).put_object(Bucket=self.bucket,
+                    etag = unquoted_etag(self._sized(size).put_object(Bucket=self.bucket,
                                                               Key=self.prefix + key,
                                                               Body=data, Metadata=user)["ETag"])
                 if mtime is None:
                     return ObjectInfo(key, size, etag, time.time())
                 return ObjectInfo(key, size, etag, mtime, attrs)
-            self._sized(_PART).upload_fileobj(body, self.bucket, self.prefix + key,
-                                              Config=_TRANSFER, ExtraArgs={"Metadata": user})
+            self._sized(PART).upload_fileobj(body, self.bucket, self.prefix + key,
+                                              Config=TRANSFER, ExtraArgs={"Metadata": user})
         info = self.head(key)
         if info is None:
             raise StoreError(f"{self.url}{key} is missing right after its upload")
@@ -494,71 +480,13 @@ class S3Store(ObjectStore, MultipartUploads):
             try:
                 self._client.delete_object(Bucket=self.bucket, Key=self.prefix + key)
             except botocore.exceptions.ClientError as error:
-                if _status(error) != 404 or _code(error) == "NoSuchBucket":
+                if _status(error) != 404 or error_code(error) == "NoSuchBucket":
                     raise
 
     # --- part-by-part uploads --------------------------------------------------------------
 
     def key_fits(self, key: str) -> bool:
         return len((self.prefix + key).encode()) <= _MAX_KEY_BYTES
-
-    def multipart(self) -> MultipartUploads:
-        return self
-
-    def _checksum(self) -> dict[str, str]:
-        """CRC32 part checksums where the client computes them by default, as s3transfer does
-        (a part sent with a checksum must be completed with it)."""
-        if sends_crc32(self._client):
-            return {"ChecksumAlgorithm": "CRC32"}
-        return {}
-
-    def start_upload(self, key: str, mtime: float | None = None,
-                     attrs: Attrs | None = None) -> str:
-        extra: dict[str, object] = {**self._checksum()}
-        if attrs is not None:
-            extra["Metadata"] = metadata.encode(mtime, attrs)
-        with self._store_errors(f"multipart upload of {key!r}"):
-            return self._client.create_multipart_upload(
-                Bucket=self.bucket, Key=self.prefix + key, **extra)["UploadId"]
-
-    def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> Part:
-        with self._store_errors(f"part {number} of {key!r}"):
-            reply = self._sized(len(data)).upload_part(Bucket=self.bucket, Key=self.prefix + key,
-                                             UploadId=upload_id, PartNumber=number, Body=data,
-                                             **self._checksum())
-        part: Part = {"PartNumber": number, "ETag": reply["ETag"]}
-        if "ChecksumCRC32" in reply:
-            part["ChecksumCRC32"] = reply["ChecksumCRC32"]
-        return part
-
-    def complete_upload(self, key: str, upload_id: str, parts: list[Part],
-                        size: int) -> ObjectInfo:
-        with self._store_errors(f"completing the upload of {key!r}"):
-            reply = self._sized(_PART).complete_multipart_upload(
-                Bucket=self.bucket, Key=self.prefix + key, UploadId=upload_id,
-                MultipartUpload={"Parts": parts})
-        return ObjectInfo(key, size, _etag(reply["ETag"]), time.time())
-
-    def abort_upload(self, key: str, upload_id: str) -> None:
-        """An upload that no longer exists (completed or aborted already) is not an error."""
-        with self._store_errors(f"aborting the upload of {key!r}"):
-            try:
-                self._client.abort_multipart_upload(Bucket=self.bucket, Key=self.prefix + key,
-                                                    UploadId=upload_id)
-            except botocore.exceptions.ClientError as error:
-                if _code(error) not in ("NoSuchUpload", "404"):
-                    raise
-
-    def uploads_of(self, key: str) -> list[tuple[str, float]]:
-        found: list[tuple[str, float]] = []
-        with self._store_errors(f"listing the multipart uploads of {key!r}"):
-            pages = self._client.get_paginator("list_multipart_uploads").paginate(
-                Bucket=self.bucket, Prefix=self.prefix + key)
-            for page in pages:
-                found.extend((upload["UploadId"], upload["Initiated"].timestamp())
-                             for upload in page.get("Uploads", ())
-                             if upload["Key"] == self.prefix + key)
-        return found
 
     def copy(self, source_key: str, key: str, etag: str, mtime: float | None = None,
              attrs: Attrs | None = None) -> ObjectInfo:
@@ -576,11 +504,11 @@ class S3Store(ObjectStore, MultipartUploads):
                     **source.get("Metadata", {}), **metadata.encode(mtime, attrs or Attrs())})
                 if "ContentType" in source:
                     extra["ContentType"] = source["ContentType"]
-            self._sized(_TRANSFER.multipart_threshold).copy(
+            self._sized(TRANSFER.multipart_threshold).copy(
                 {"Bucket": self.bucket, "Key": self.prefix + source_key},
-                self.bucket, self.prefix + key, ExtraArgs=extra, Config=_TRANSFER)
+                self.bucket, self.prefix + key, ExtraArgs=extra, Config=TRANSFER)
         except botocore.exceptions.ClientError as error:
-            if _code(error) in ("PreconditionFailed", "412", "NoSuchKey", "404"):
+            if error_code(error) in ("PreconditionFailed", "412", "NoSuchKey", "404"):
                 raise ObjectChangedError(f"{self.url}{source_key} changed before its copy") \
                     from None
             raise self._failure(error, f"copy of {source_key!r} to {key!r}") from None
