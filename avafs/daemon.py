@@ -59,6 +59,7 @@ from .stores.instrumented import InstrumentedStore
 from .tiers.cluster import ClusterTier
 from .tiers.disk import DiskTier
 from .tiers.ram import RamTier
+from .tiers.request_loop import RequestLoop
 from .tiers.stack import TierStack
 from .warmup.runner import Prefetcher, WarmupRunner
 from .writeback.cluster.coordination import Etcd
@@ -325,7 +326,8 @@ def serve(options: MountOptions, mountpoint: Path, ready_fd: int | None) -> int:
         entry = mount_at(mountpoint)
         device = entry.device if entry is not None and entry.fstype == AVAFS_FSTYPE else None
         signalled = uvloop.run(_serve_until_done(ready_fd, mountpoint, options.block_size,
-                                                 device, filesystem.close_on_loop))
+                                                 device, filesystem.stack.request_loop,
+                                                 filesystem.close_on_loop))
         # A signal after the mount left this namespace must not unmount whatever is at the
         # path by now (libfuse would detach it lazily, by name).
         pyfuse3.close(unmount=signalled and (device is None or device_mounted(device)))
@@ -353,10 +355,10 @@ def widen_kernel_read_ahead(mountpoint: Path, size: int) -> None:
 
 
 async def _serve_until_done(ready_fd: int | None, mountpoint: Path, block_size: int,
-                            device: str | None,
+                            device: str | None, request_loop: RequestLoop,
                             before_loop_ends: Callable[[], Awaitable[None]]) -> bool:
-    """Serve requests, then await `before_loop_ends`; True if a signal ended the mount (so
-    it may still be mounted).
+    """Serve requests, lending the loop to `request_loop` meanwhile, then await
+    `before_loop_ends`; True if a signal ended the mount (so it may still be mounted).
 
     Ready is reported once the mount has answered a request of our own, so the INIT exchange
     is over and the mount command returns a mount that works.
@@ -409,9 +411,11 @@ async def _serve_until_done(ready_fd: int | None, mountpoint: Path, block_size: 
     if device is not None:
         threading.Thread(target=stop_once_unmounted_here, args=(device,), daemon=True,
                          name="avafs-mount-watch").start()
+    request_loop.serving(loop)
     try:
         await pyfuse3.main()
     finally:
+        request_loop.ended()
         await before_loop_ends()
     return signalled
 

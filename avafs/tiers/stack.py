@@ -34,6 +34,7 @@ from .evictor import Evictor
 from .fetches import Fetches
 from .ram import RamTier
 from .readahead import ReadAhead
+from .request_loop import RequestLoop
 from .streams import STREAM_PIECE, Streams
 from .write_behind import WRITE_BEHIND_BLOCKS
 
@@ -74,6 +75,8 @@ class TierStack:
                                 self._evictor)
         self.streams = Streams(self._fetches, stream_piece)
         """Read-ahead: `read_async` and `read_whole` start their streams through it."""
+        self.request_loop = RequestLoop()
+        """The FUSE request loop, once it serves: `read_whole` sends cold small GETs there."""
 
     def block_count(self, ref: ObjectRef) -> int:
         return self._fetches.block_count(ref)
@@ -140,9 +143,11 @@ class TierStack:
         are taken first, before the loads of the others can evict them; every other object
         then starts streaming at once, and the disk tier's files of the small ones start
         being read (`expect_read`), so the batch waits for its slowest object, not for the
-        sum of them."""
+        sum of them. Small objects that no tier holds are first fetched from the request
+        loop, side by side (`fetch_absent_small`)."""
         results: list[bytes | AvafsError | OSError | None] = [
             self._read_from_ram(ref, 0, ref.size) if ref.size else b"" for ref in refs]
+        self._fetch_absent_on_loop(refs, results)
         for ref, result in zip(refs, results, strict=True):
             if result is None:
                 self.expect_read(ref)
@@ -155,6 +160,32 @@ class TierStack:
                     results[position] = error
                 self._release(ref, range(self.block_count(ref)))
         return results
+
+    def _fetch_absent_on_loop(self, refs: list[ObjectRef],
+                              results: list[bytes | AvafsError | OSError | None]) -> None:
+        """Fills in `results` the objects of one small block that no tier holds or loads,
+        fetched on the request loop where it serves (blocks the caller, a thread)."""
+        absent = [position for position, ref in enumerate(refs)
+                  if results[position] is None and self._fetches.is_small(ref)
+                  and (block := ref.block(0)) not in self.disk and block not in self.ram
+                  and block not in self._fetches]
+        if not absent or self.cluster is not None:
+            return
+        fetched = self.request_loop.run(self.fetch_absent_small, [refs[p] for p in absent])
+        for position, answer in zip(absent, fetched or (), strict=False):
+            results[position] = answer
+
+    async def fetch_absent_small(self, refs: list[ObjectRef]
+                                 ) -> list[bytes | AvafsError | OSError | None]:
+        """Each whole one-block object's bytes from its one GET sent from this loop, all side
+        by side (`_fetch_small`), or the error that GET gave; None for one fetched elsewhere
+        meanwhile or left for lack of a fetch slot, which the caller reads as before."""
+        answers = await asyncio.gather(*(self._fetch_small(ref, 0, ref.size) for ref in refs),
+                                       return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, BaseException) and not isinstance(answer, (AvafsError, OSError)):
+                raise answer
+        return answers
 
     def _release(self, ref: ObjectRef, indices: range) -> None:
         """Its reader has gone past these blocks: those a stream brought into RAM leave it,
