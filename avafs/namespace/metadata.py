@@ -64,14 +64,23 @@ class Metadata:
         """`found`, read from the store (a HEAD, or the GET of a small file's bytes), is what
         the file `listed` showed is now, attributes read: the node and its listing show it
         from now on, and a later mount knows it (`known`)."""
-        listing = self._listings.get((node.source, parent_prefix(node.key)))
         with self._lock:
             node.info = found
-            entry = listing.entries.get(node.name) if listing is not None else None
-            if entry is not None and entry.info is not None and entry.info.key == node.key:
-                listing.put(Entry(node.name, found))
+        return self.learned(node.source, listed, found)
+
+    def learned(self, source: str, listed: ObjectInfo, found: ObjectInfo) -> ObjectInfo:
+        """`described` for a file that may have no node yet (a warmup's): its cached listing
+        shows `found` from now on, which a node of it then shows (`richer`), and a later
+        mount knows it."""
+        prefix = parent_prefix(listed.key)
+        name = listed.key[len(prefix):]
+        listing = self._listings.get((source, prefix))
+        with self._lock:
+            entry = listing.entries.get(name) if listing is not None else None
+            if entry is not None and entry.info is not None and entry.info.key == listed.key:
+                listing.put(Entry(name, found))
         if self.known is not None:
-            self.known.remember(self.stores[node.source].url, node.key, listed, found)
+            self.known.remember(self.stores[source].url, listed.key, listed, found)
         return found
 
     def describe_paused(self) -> bool:

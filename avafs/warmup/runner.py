@@ -18,7 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from ..errors import NEW_OBJECTS_HINT, AvafsError
+from ..errors import NEW_OBJECTS_HINT, AvafsError, StoreError
 from ..metrics import Metrics
 from ..namespace import Namespace
 from ..objects import ObjectRef
@@ -57,10 +57,14 @@ class WarmupState:
 
 @dataclass(frozen=True)
 class Target:
-    """A file to warm: its path in the mount and what the tiers read."""
+    """A file to warm: its path in the mount and what the tiers read; for a file of the
+    mount's sources, its source and what its listing showed (`listed`), whose attributes a
+    warmup may read on the way (`WarmupRunner._load_described`)."""
 
     path: str
     ref: ObjectRef
+    source: str | None = None
+    listed: ObjectInfo | None = None
 
 
 def expand(namespace: Namespace, items: list[dict[str, str]],
@@ -90,7 +94,8 @@ def expand(namespace: Namespace, items: list[dict[str, str]],
             infos = [(f"{root}{found.key}", found) for found in namespace.walk(source, key)]
         for file_path, found in infos:
             targets.setdefault((source, found.key),
-                               Target(file_path, namespace.object_ref(source, found)))
+                               Target(file_path, namespace.object_ref(source, found), source,
+                                      found))
     return list(targets.values())
 
 
@@ -237,7 +242,8 @@ class WarmupRunner:
 
         def load_block(target: Target, index: int) -> None:
             try:
-                fetch(target.ref, index)
+                if state.tier != "disk" or not self._load_described(target):
+                    fetch(target.ref, index)
                 error = None
             except Exception as problem:  # noqa: BLE001 - one file's failure is reported
                 error = str(problem) or type(problem).__name__
@@ -262,6 +268,25 @@ class WarmupRunner:
                     continue
                 for index in range(self.stack.block_count(target.ref)):
                     pool.submit(load_block, target, index)
+
+
+    def _load_described(self, target: Target) -> bool:
+        """A small file whose attributes no one has read yet, loaded by the GET that reads
+        them too, sent from the request loop (`TierStack.fetch_described`, as a lookup does):
+        the namespace keeps them, so the first `stat` of each warmed file sends no HEAD.
+        False where the file was not loaded so; the caller loads it as any block then."""
+        listed = target.listed
+        if listed is None or listed.attrs is not None or target.source is None or \
+                self.namespace.known is None or self.namespace.describe_paused():
+            return False
+        try:
+            found = self.stack.request_loop.run(self.stack.fetch_described, listed, target.ref)
+        except StoreError:
+            return False  # one try from the loop: the load's own tries say what it is
+        if found is None:
+            return False
+        self.namespace.learned(target.source, listed, found)
+        return True
 
 
 class Prefetcher:

@@ -1,7 +1,8 @@
 """How many requests a file's attributes cost at the defaults, through real mounts of a moto
 bucket: a small file's first `stat` is answered by the GET that brings its bytes (no HEAD, and
 its read is then a hit), a larger file's by a HEAD, and a remount on the same cache dir knows
-what was read before (no request per file), unless the object changed in between."""
+what was read before (no request per file), unless the object changed in between; a warmup's
+GET of a small file reads its attributes too, so the first `stat` after it sends nothing."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import stat
 import time
 from pathlib import Path
 
-from support import S3Server, object_gets, unmount
+from support import S3Server, object_gets, run_avafs, unmount
 
 MiB = 2**20
 SMALL = {f"data/{number}.bin": bytes([number]) * (1000 + number) for number in range(5)}
@@ -112,3 +113,25 @@ def test_a_file_replaced_after_its_listing_shows_the_new_version(s3_server, buck
     found = os.stat(mnt / "swapped.txt")
     assert (stat.S_IMODE(found.st_mode), found.st_size) == (0o606, len(b"brand new"))
     assert (mnt / "swapped.txt").read_bytes() == b"brand new"
+
+
+def test_a_warmup_reads_small_files_attributes_with_their_bytes(s3_server, bucket, s3_mount,
+                                                                 tmp_path):
+    _dataset(s3_server, bucket)
+    cache = tmp_path / "warmed-cache"
+    mnt = s3_mount(cache_dir=cache)
+    heads, gets = _heads(s3_server, bucket), object_gets(s3_server, bucket)
+    result = run_avafs("warmup", str(mnt / "data"))
+    assert result.returncode == 0, result.stderr
+    assert (_heads(s3_server, bucket), object_gets(s3_server, bucket)) == \
+        (heads, gets + len(SMALL) + 1), "one GET per file, no HEAD"
+    _check_dataset(mnt)
+    for key, body in SMALL.items():
+        assert (mnt / key).read_bytes() == body
+    assert (_heads(s3_server, bucket), object_gets(s3_server, bucket)) == \
+        (heads, gets + len(SMALL) + 1), "stat and read after the warmup: no request"
+    unmount(mnt)
+    mnt = s3_mount(cache_dir=cache, mountpoint=tmp_path / "again")
+    _check_dataset(mnt)
+    assert (_heads(s3_server, bucket), object_gets(s3_server, bucket)) == \
+        (heads, gets + len(SMALL) + 1), "a remount knows what the warmup read"
