@@ -166,26 +166,43 @@ class TierStack:
         """Fills in `results` the objects of one small block that no tier holds or loads,
         fetched on the request loop where it serves (blocks the caller, a thread)."""
         absent = [position for position, ref in enumerate(refs)
-                  if results[position] is None and self._fetches.is_small(ref)
-                  and (block := ref.block(0)) not in self.disk and block not in self.ram
-                  and block not in self._fetches]
+                  if results[position] is None and self._absent_small(ref)]
         if not absent or self.cluster is not None:
             return
         fetched = self.request_loop.run(self.fetch_absent_small, [refs[p] for p in absent])
         for position, answer in zip(absent, fetched or (), strict=False):
             results[position] = answer
 
+    def _absent_small(self, ref: ObjectRef) -> bool:
+        """Whether `ref` is an object of one small block that no tier holds or loads."""
+        block = ref.block(0)
+        return self._fetches.is_small(ref) and block not in self.disk and \
+            block not in self.ram and block not in self._fetches
+
     async def fetch_absent_small(self, refs: list[ObjectRef]
                                  ) -> list[bytes | AvafsError | OSError | None]:
-        """Each whole one-block object's bytes from its one GET sent from this loop, all side
-        by side (`_fetch_small`), or the error that GET gave; None for one fetched elsewhere
-        meanwhile or left for lack of a fetch slot, which the caller reads as before."""
-        answers = await asyncio.gather(*(self._fetch_small(ref, 0, ref.size) for ref in refs),
-                                       return_exceptions=True)
-        for answer in answers:
-            if isinstance(answer, BaseException) and not isinstance(answer, (AvafsError, OSError)):
-                raise answer
-        return answers
+        """Each whole one-block object's bytes from its one GET sent from this loop, side by
+        side (`_fetch_small`), or the error that GET gave; None for one fetched elsewhere
+        meanwhile, which the caller reads as before. Those that found no fetch slot free are
+        tried again once the others have landed, for as long as each round fetches some: a
+        GET from here costs less than the caller's in a thread, even a little later."""
+        results: list[bytes | AvafsError | OSError | None] = [None] * len(refs)
+        waiting = list(range(len(refs)))
+        while waiting:
+            answers = await asyncio.gather(
+                *(self._fetch_small(refs[position], 0, refs[position].size)
+                  for position in waiting), return_exceptions=True)
+            for answer in answers:
+                if isinstance(answer, BaseException) and \
+                        not isinstance(answer, (AvafsError, OSError)):
+                    raise answer
+            for position, answer in zip(waiting, answers, strict=True):
+                results[position] = answer
+            if all(answer is None for answer in answers):
+                break
+            waiting = [position for position, answer in zip(waiting, answers, strict=True)
+                       if answer is None and self._absent_small(refs[position])]
+        return results
 
     def _release(self, ref: ObjectRef, indices: range) -> None:
         """Its reader has gone past these blocks: those a stream brought into RAM leave it,
