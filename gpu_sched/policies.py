@@ -203,10 +203,14 @@ class FgdPolicy(BinpackPolicy):
             if sum(self._seen.values()) > self.HISTORY:
                 self._seen = Counter({s: n // 2 for s, n in self._seen.items() if n > 1})
 
+    def mix(self) -> Counter[Shape]:
+        """Pods learned (and known) so far, by shape."""
+        with self._lock:
+            return Counter(self._seen)
+
     def _mix(self, request: GpuRequest) -> Counter[Shape]:
         """The mix to measure waste against; the request alone while no pod is known."""
-        with self._lock:
-            return Counter(self._seen) or Counter([request_shape(request)])
+        return self.mix() or Counter([request_shape(request)])
 
     @staticmethod
     def _best(mix: Counter[Shape], request: GpuRequest, nodes: Sequence[NodeGpus]
