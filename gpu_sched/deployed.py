@@ -22,12 +22,22 @@ this module replays that cycle for each arriving pod:
 
 The extender's view of a node (GPU use, CPU and memory left) is exactly the cluster's, as after a
 resync. Every other default scorer (taints, affinities, topology spread, image locality) gives
-the trace's pods the same score on every node, so they are left out. The fgd policy learns the
-pod mix from the pods it scores, as the deployed extender does, unless warmed with the workload's.
+the trace's pods the same score on every node, so they are left out.
+
+The fgd policy learns the pod mix as the deployed extender does (`Extender._learn`), each pod once
+under its own key (its arrival number), unless warmed with the workload's mix: from every pod
+kube-scheduler sends to /filter (a pod some node has CPU, memory and GPU count for), and from
+every pod its periodic resync lists, bound or pending. A pod that kube-scheduler's own filter
+stops fits nowhere and fails, and in a cluster it would stay pending: the extender sees it at its
+next resync. The trace has no clock, so the resync is modelled by arrivals: every
+`RESYNC_ARRIVALS` arrivals the extender learns the pods that arrived since the last one (the
+30 s default at some 3 pods a second). Pods kube-scheduler retries are not modelled (a pod fails
+once its walk of the whole cluster finds no node), so no pod reaches the extender twice here.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +65,8 @@ DEFAULT_CPU_MILLI = 100
 DEFAULT_MEMORY_BYTES = 200 * 1024 * 1024
 """What LeastAllocated counts for a pod that requests no CPU or memory (schedutil's non-zero)."""
 MIB = 1024 * 1024
+RESYNC_ARRIVALS = 100
+"""Arrivals between two of the extender's resyncs (see the module docstring)."""
 DEPLOYED_POLICIES = ("fgd", "binpack", "spread", "random", "fgd-warm")
 """Extender policies to run behind the emulation; fgd-warm is fgd knowing the workload's mix."""
 
@@ -156,9 +168,13 @@ class KubeScheduler:
     """
 
     def __init__(self, nodes: list[TraceNode], policy: Policy, config: SchedulerConfig,
-                 rng: np.random.Generator, exact: bool = False) -> None:
+                 rng: np.random.Generator, exact: bool = False,
+                 resync_arrivals: int = RESYNC_ARRIVALS) -> None:
         nodes = sorted(nodes, key=lambda node: node.sn)
         self.policy = policy
+        self.resync_arrivals = resync_arrivals
+        self.unlisted: list[tuple[str, GpuRequest]] = []
+        """Pods arrived since the extender's last resync, which lists them."""
         self.config = config
         self.rng = rng
         self.exact = exact or isinstance(policy, RandomPolicy)
@@ -239,12 +255,24 @@ class KubeScheduler:
             total = total + self.extender_factor * answer[stand_in]
         return total
 
-    def schedule(self, request: GpuRequest) -> tuple[int, Placement] | None:
-        """The node and GPUs the pod is bound to, recorded in the books; None when it fits
-        nowhere kube-scheduler's walk and the extender's filter let it."""
+    def resync(self) -> None:
+        """The extender's periodic listing: it learns every pod it lists (bound or pending)."""
+        for key, request in self.unlisted:
+            if self.config.sends(request):
+                self.policy.learn(key, request)
+        self.unlisted.clear()
+
+    def schedule(self, request: GpuRequest, key: str) -> tuple[int, Placement] | None:
+        """The node and GPUs the pod (`key` names it) is bound to, recorded in the books; None
+        when it fits nowhere kube-scheduler's walk and the extender's filter let it."""
+        if len(self.unlisted) >= self.resync_arrivals:
+            self.resync()
+        self.unlisted.append((key, request))
         kube_fits = self.kube_fits(request)
         if not kube_fits.any():
             return None
+        if self.config.sends(request):
+            self.policy.learn(key, request)
         walked = 0
         while walked < len(self.nodes):
             sampled, examined = self.sampler.sample(kube_fits)
@@ -291,18 +319,20 @@ def deployed_policy(name: str, shapes: list[Shape], seed: int) -> Policy:
 
 def run_deployed(nodes: list[TraceNode], pods: list[TracePod], policy: str,
                  demand: float = 1.3, seed: int = 0, config: SchedulerConfig | None = None,
-                 exact: bool = False) -> dict[str, Any]:
+                 exact: bool = False, resync_arrivals: int = RESYNC_ARRIVALS) -> dict[str, Any]:
     """One run of the arrival experiment (same arrivals and figures as arrival.run_arrival for
     the seed) with every pod placed through the kube-scheduler emulation."""
     if policy not in DEPLOYED_POLICIES:
         raise ValueError(f"unknown policy {policy!r} (choose from {', '.join(DEPLOYED_POLICIES)})")
     workload = Workload(nodes, pods, demand, seed)
     scheduler = KubeScheduler(nodes, deployed_policy(policy, workload.shapes, seed),
-                              config or SchedulerConfig.load(), workload.rng, exact)
+                              config or SchedulerConfig.load(), workload.rng, exact,
+                              resync_arrivals)
     requests = [pod.request() for pod in workload.pods]
+    arrivals = itertools.count()
 
     def place(index: int, _: Shape) -> tuple[int, list[int]] | None:
-        bound = scheduler.schedule(requests[index])
+        bound = scheduler.schedule(requests[index], str(next(arrivals)))
         return None if bound is None else (bound[0], list(bound[1].gpus))
 
     return workload.measure(place, lambda _: None, {"mode": "deployed", "policy": policy})

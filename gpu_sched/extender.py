@@ -38,6 +38,7 @@ from gpu_sched.k8s_objects import (
     node_name,
     pod_group,
     pod_key,
+    pod_metadata,
     pod_request,
 )
 from gpu_sched.kube import KubeClient, KubeError, api_client
@@ -45,7 +46,7 @@ from gpu_sched.locality import combine, csi_sources, pod_sources
 from gpu_sched.placement import Rejection, feasible_nodes, rejection
 from gpu_sched.policies import POLICY_NAMES, Policy, make_policy
 from gpu_sched.quota import QuotaBook, QuotaError, load_quota
-from gpu_sched.state import Assignment, Ledger, assignment_from_pod
+from gpu_sched.state import FINISHED_PHASES, Assignment, Ledger, assignment_from_pod
 
 log = logging.getLogger("gpu_sched.extender")
 
@@ -213,13 +214,37 @@ class Extender:
         self.nodes = NodeDirectory(kube, node_cache_seconds)
 
     def resync(self) -> int:
-        """Rebuild the ledger from the bound pods' requests and gpu-sched/gpus annotations;
-        returns how many pods hold GPUs."""
+        """Rebuild the ledger from the bound pods' requests and gpu-sched/gpus annotations, and
+        teach the policy every unfinished pod listed, bound or pending; returns how many pods
+        hold GPUs.
+
+        The pending pods are why the listing teaches the policy: a pod for which
+        kube-scheduler's own filters leave no node never reaches /filter or /prioritize, so the
+        pod mix would under-count the pods that stop fitting once the cluster fills. The bound
+        ones give a restarted extender the mix of the pods already running.
+        """
         started = time.monotonic()
         pods = self.kube.list_pods()
         listed = [a for a in (assignment_from_pod(pod) for pod in pods) if a is not None]
         self.ledger.replace(listed, started)
+        for pod in pods:
+            status = pod.get("status")
+            if isinstance(status, dict) and status.get("phase") in FINISHED_PHASES:
+                continue
+            try:
+                self._learn(pod, pod_request(pod))
+            except ObjectError as exc:
+                log.debug("resync: not learning a pod: %s", exc)
         return sum(1 for a in listed if a.gpus)
+
+    def _learn(self, pod: dict[str, Any], request: GpuRequest) -> None:
+        """Tell the policy of the pod, once per pod (its UID, else its key), when it asks for
+        what the shipped scheduler configuration sends the extender: GPUs, CPU or memory."""
+        if not (request.wants_gpu or request.cpu or request.memory):
+            return
+        key = pod_key(pod)
+        uid = pod_metadata(pod).get("uid")
+        self.policy.learn(uid if isinstance(uid, str) and uid else key, request)
 
     def _quota_refusal(self, pod: dict[str, Any], request: GpuRequest) -> str | None:
         if self.quota is None:
@@ -274,6 +299,7 @@ class Extender:
             evaluation.rejected = {name: reason for name in names}
             return evaluation
         request = evaluation.request
+        self._learn(pod, request)
         if not request.wants_gpu and not scoring:
             return evaluation
         rejected = evaluation.rejected

@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 import threading
 from abc import ABC, abstractmethod
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -54,6 +54,12 @@ class Policy(ABC):
     @abstractmethod
     def share(self, node: NodeGpus, request: GpuRequest) -> float:
         """How much this policy likes the node, from 0 to 1, for the scores sent to kube-scheduler."""
+
+    def learn(self, key: str, request: GpuRequest) -> None:
+        """Note a pod of the workload (`key` names it), for policies that weigh the pod mix; the
+        others ignore it. Callers: the extender for every pod it is asked about and every pod its
+        resync lists, the simulators for every arrival."""
+        return None
 
     def place(self, node: NodeGpus, request: GpuRequest) -> Placement | None:
         """The GPUs of `node` the request gets once the node is chosen (the extender's bind)."""
@@ -160,9 +166,11 @@ class FgdPolicy(BinpackPolicy):
     """Fragmentation gradient descent over the nodes it is shown (fragmentation.waste), deciding
     as the arrival simulator's fgd (arrival.FgdArrival) does for the same nodes and pod mix.
 
-    The workload's pod types are the requests this policy has been asked to place, each call to
-    choose() or scores() counting its pod once (counts halve when they pass `HISTORY`, so the mix
-    follows the workload), with their CPU, memory, GPUs, share and models. Waste is measured on
+    The workload's pod types are the pods it has been told of through learn(), each counted once
+    per key however often it is told (a pod kube-scheduler retries, or one the extender both
+    scores and later lists, is one pod), with their CPU, memory, GPUs, share and models; counts
+    halve when they pass `HISTORY`, so the mix follows the workload. Until it knows any pod, the
+    request in hand is the mix. Waste is measured on
     each node's GPUs, model and CPU and memory left; a node that does not report its CPU or memory
     counts as having plenty. The pod goes where waste grows least; ties go to the node left with
     the fewest whole GPUs free, then to one already in use, then to the first name, as in the
@@ -173,23 +181,36 @@ class FgdPolicy(BinpackPolicy):
 
     name = "fgd"
     HISTORY = 10_000
+    KEYS_KEPT = 2 * HISTORY
+    """Pod keys remembered as counted, the least recently told of forgotten first: a pod told of
+    again (a pending pod at every resync) stays remembered, and memory stays bounded."""
 
     def __init__(self, known: Iterable[Shape] = ()) -> None:
-        """`known`: pods to count before any is asked about, when the workload's mix is known."""
+        """`known`: pods to count before any is learned, when the workload's mix is known."""
         self._seen: Counter[Shape] = Counter(known)
+        self._counted: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
 
-    def _observe(self, shape: Shape) -> Counter[Shape]:
-        """Count one more pod of the shape; the mix to measure waste against."""
+    def learn(self, key: str, request: GpuRequest) -> None:
         with self._lock:
-            self._seen[shape] += 1
+            if key in self._counted:
+                self._counted.move_to_end(key)
+                return
+            self._counted[key] = None
+            if len(self._counted) > self.KEYS_KEPT:
+                self._counted.popitem(last=False)
+            self._seen[request_shape(request)] += 1
             if sum(self._seen.values()) > self.HISTORY:
                 self._seen = Counter({s: n // 2 for s, n in self._seen.items() if n > 1})
-            return Counter(self._seen)
 
-    def _mix(self) -> Counter[Shape]:
+    def mix(self) -> Counter[Shape]:
+        """Pods learned (and known) so far, by shape."""
         with self._lock:
             return Counter(self._seen)
+
+    def _mix(self, request: GpuRequest) -> Counter[Shape]:
+        """The mix to measure waste against; the request alone while no pod is known."""
+        return self.mix() or Counter([request_shape(request)])
 
     @staticmethod
     def _best(mix: Counter[Shape], request: GpuRequest, nodes: Sequence[NodeGpus]
@@ -247,21 +268,21 @@ class FgdPolicy(BinpackPolicy):
     def place(self, node: NodeGpus, request: GpuRequest) -> Placement | None:
         if not request.is_shared:
             return node.choose(request)
-        _, room = self._best(self._mix() or Counter([request_shape(request)]), request, [node])
+        _, room = self._best(self._mix(request), request, [node])
         return node.share_on(int(room[0]), request.milli)
 
     def choose(self, request: GpuRequest, nodes: Sequence[NodeGpus]
                ) -> tuple[NodeGpus, Placement] | None:
         if not nodes:
             return None
-        delta, room = self._best(self._observe(request_shape(request)), request, nodes)
+        delta, room = self._best(self._mix(request), request, nodes)
         return self._first(request, nodes, delta, room)
 
     def scores(self, request: GpuRequest, nodes: Sequence[NodeGpus]) -> dict[str, int]:
         """The chosen node 10; the others 0-9, the least waste growth highest."""
         if not nodes:
             return {}
-        delta, room = self._best(self._observe(request_shape(request)), request, nodes)
+        delta, room = self._best(self._mix(request), request, nodes)
         low, high = float(delta.min()), float(delta.max())
         span = high - low or 1.0
         scores = {node.name: round((MAX_SCORE - 1) * (high - value) / span)

@@ -145,6 +145,7 @@ def simulate(trace_nodes: list[TraceNode], trace_pods: list[TracePod], policy_na
             cluster.remove(node, placement, gone)
             sample(left_at, position)
         request = requests[position]
+        policy.learn(pod.name, request)
         hosts = [node for node in cluster.nodes if cluster.hosts(node, pod)]
         if request.wants_gpu:
             gpu_pods += 1

@@ -97,7 +97,7 @@ def test_the_extenders_score_counts_weight_times_ten() -> None:
     nodes = [TraceNode("a", 64000, 262144, 8, "G"), TraceNode("b", 64000, 262144, 8, "G")]
     config = SchedulerConfig(10, frozenset({"cpu", "memory", GPU_RESOURCE}))
     scheduler = KubeScheduler(nodes, BinpackPolicy(), config, np.random.default_rng(0))
-    first = scheduler.schedule(GpuRequest(gpus=2, cpu=8000, memory=32768))
+    first = scheduler.schedule(GpuRequest(gpus=2, cpu=8000, memory=32768), "first")
     assert first is not None
     taken = first[0]
     request = GpuRequest(gpus=1, cpu=8000, memory=32768)
@@ -120,11 +120,11 @@ def test_a_pod_retries_on_the_next_sample_when_the_extender_rejects_every_sample
     config = SchedulerConfig.load()
     scheduler = KubeScheduler(nodes, BinpackPolicy(), config, np.random.default_rng(0))
     placed = scheduler.schedule(GpuRequest(gpus=1, models=frozenset({"B"}), cpu=1000,
-                                           memory=1024))
+                                           memory=1024), "b")
     assert placed is not None and scheduler.nodes[placed[0]].name == "n149"
     assert scheduler.sampler.next_start == 50
     assert scheduler.schedule(GpuRequest(gpus=1, models=frozenset({"C"}), cpu=1000,
-                                         memory=1024)) is None
+                                         memory=1024), "c") is None
 
 
 @pytest.mark.parametrize("policy", ["binpack", "fgd", "spread", "fgd-warm"])
