@@ -165,9 +165,11 @@ class TierStack:
                               results: list[bytes | AvafsError | OSError | None]) -> None:
         """Fills in `results` the objects of one small block that no tier holds or loads,
         fetched on the request loop where it serves (blocks the caller, a thread)."""
+        if self.cluster is not None:
+            return
         absent = [position for position, ref in enumerate(refs)
                   if results[position] is None and self._absent_small(ref)]
-        if not absent or self.cluster is not None:
+        if not absent:
             return
         fetched = self.request_loop.run(self.fetch_absent_small, [refs[p] for p in absent])
         for position, answer in zip(absent, fetched or (), strict=False):
@@ -192,11 +194,10 @@ class TierStack:
             answers = await asyncio.gather(
                 *(self._fetch_small(refs[position], 0, refs[position].size)
                   for position in waiting), return_exceptions=True)
-            for answer in answers:
+            for position, answer in zip(waiting, answers, strict=True):
                 if isinstance(answer, BaseException) and \
                         not isinstance(answer, (AvafsError, OSError)):
                     raise answer
-            for position, answer in zip(waiting, answers, strict=True):
                 results[position] = answer
             if all(answer is None for answer in answers):
                 break
