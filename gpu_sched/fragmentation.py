@@ -33,7 +33,7 @@ MILLI = 1000
 EXACT = 1e-6
 """Added before flooring a quotient computed as a product with a reciprocal, so exact multiples
 (8000 milli-CPU left, 4000 per pod) are not floored one short by rounding."""
-FGD_COVERAGE = 0.8
+FGD_COVERAGE = 0.9
 """Share of the pods whose shapes the fgd policy weighs (PodTypes' `coverage`), in the extender and
 the arrival simulator alike; the rarer shapes are left out. Each of them rests on a few dozen pods,
 so in a mix learned from arriving pods which make the cut, and what each weighs, is mostly
