@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from gpu_sched.fragmentation import (
+    FGD_COVERAGE,
     MILLI,
     Aggregates,
     PodTypes,
@@ -244,7 +245,7 @@ class FgdArrival(ArrivalPolicy):
 def make_arrival_policy(name: str, cluster: Cluster, shapes: list[Shape],
                         rng: np.random.Generator) -> ArrivalPolicy:
     if name == "fgd":
-        return FgdArrival(cluster, PodTypes(shapes, cluster.models))
+        return FgdArrival(cluster, PodTypes(shapes, cluster.models, FGD_COVERAGE))
     if name == "binpack":
         return BinpackArrival(cluster)
     if name == "spread":

@@ -33,6 +33,13 @@ MILLI = 1000
 EXACT = 1e-6
 """Added before flooring a quotient computed as a product with a reciprocal, so exact multiples
 (8000 milli-CPU left, 4000 per pod) are not floored one short by rounding."""
+FGD_COVERAGE = 0.9
+"""Share of the pods whose shapes the fgd policy weighs (PodTypes' `coverage`), in the extender and
+the arrival simulator alike; the rarer shapes are left out. Each of them rests on a few dozen pods,
+so in a mix learned from arriving pods which make the cut, and what each weighs, is mostly
+sampling noise; and where CPU is short, fgd's choices followed those weights, keeping room for
+many rare shapes at the cost of GPUs the common ones would have used (docs/optimization-history.md,
+"The pod mix's rare shapes"). `fragmented_gpus`, the paper's measure, keeps PodTypes' default."""
 FRAGMENTATION_WEIGHT = 10.0
 """Weight of `fragmentation` against `stranding` in `waste`, chosen on a few seeds of the trace's
 default, GPU-sharing and multi-GPU workloads (BENCHMARKS.md)."""

@@ -22,7 +22,14 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from gpu_sched.allocation import MILLI_PER_GPU, GpuRequest, NodeGpus, Placement
-from gpu_sched.fragmentation import Aggregates, PodTypes, Shape, node_waste, placement_delta
+from gpu_sched.fragmentation import (
+    FGD_COVERAGE,
+    Aggregates,
+    PodTypes,
+    Shape,
+    node_waste,
+    placement_delta,
+)
 
 MAX_SCORE = 10
 UNTRACKED = 2**40
@@ -218,7 +225,7 @@ class FgdPolicy(BinpackPolicy):
         """Per node: the least growth of the mix's expected waste if it took the request, and the
         room (milli-GPU left) of the GPU a share would take for it (1000 for whole GPUs)."""
         shape = request_shape(request)
-        types = PodTypes(mix, [node.model for node in nodes])
+        types = PodTypes(mix, [node.model for node in nodes], FGD_COVERAGE)
         width = max(node.capacity for node in nodes) or 1
         gpu_left = np.zeros((len(nodes), width), dtype=np.int64)
         for row, node in enumerate(nodes):

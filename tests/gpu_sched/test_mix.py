@@ -8,10 +8,14 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pytest
 
-from gpu_sched.allocation import GpuRequest
+from gpu_sched.allocation import GpuRequest, NodeGpus
+from gpu_sched.arrival import Cluster, make_arrival_policy
 from gpu_sched.deployed import KubeScheduler, SchedulerConfig
+from gpu_sched.fragmentation import FGD_COVERAGE, Shape
 from gpu_sched.policies import FgdPolicy, request_shape
+from gpu_sched.topology import single_socket_pcie
 from gpu_sched.trace import TraceNode
 
 WHOLE = GpuRequest(gpus=1, cpu=4000, memory=16384)
@@ -83,3 +87,41 @@ def test_the_emulation_learns_a_pod_kube_scheduler_filters_out_at_the_next_resyn
     assert scheduler.schedule(SHARE, "2") is not None
     assert policy.mix() == Counter([request_shape(too_big), request_shape(WHOLE),
                                     request_shape(SHARE)])
+
+
+COMMON = GpuRequest(gpus=1, cpu=1000, memory=1024)
+RARE = GpuRequest(milli=600, cpu=1000, memory=1024)
+SMALL = GpuRequest(milli=300, cpu=1000, memory=1024)
+ROOMS = {"a-600-left": 400, "b-400-left": 600}
+"""Two one-GPU nodes and the milli-GPU already taken on each."""
+
+
+def _mix(rare_percent: int) -> list[Shape]:
+    return [request_shape(COMMON)] * (100 - rare_percent) + [request_shape(RARE)] * rare_percent
+
+
+@pytest.mark.parametrize(("rare_percent", "chosen"), [
+    (round(100 * (1 - FGD_COVERAGE)) - 5, "a-600-left"),
+    (round(100 * (1 - FGD_COVERAGE)) + 5, "b-400-left"),
+])
+def test_fgd_weighs_only_the_common_shapes_covering_fgd_coverage_of_the_mix(
+        rare_percent: int, chosen: str) -> None:
+    """A 300 share fits either node. Weighed, the 600 share would keep the GPU with 600 left for
+    itself, so the share goes to the other; while it is in the tail past FGD_COVERAGE nothing is
+    weighed but whole GPUs, which neither node has, and the tie goes to the first name. The
+    extender's policy and the arrival simulator's agree."""
+    nodes = []
+    for name, taken in ROOMS.items():
+        node = NodeGpus(name, single_socket_pcie(1), "G", 8000, 65536)
+        node.used = [taken]
+        nodes.append(node)
+    extender_choice = FgdPolicy(known=_mix(rare_percent)).choose(SMALL, nodes)
+    assert extender_choice is not None and extender_choice[0].name == chosen
+
+    cluster = Cluster([TraceNode(name, 8000, 65536, 1, "G") for name in ROOMS])
+    for index, taken in enumerate(ROOMS.values()):
+        cluster.take(index, [0], Shape(0, 0, 1, taken))
+    simulator = make_arrival_policy("fgd", cluster, _mix(rare_percent), np.random.default_rng(0))
+    small = request_shape(SMALL)
+    simulator_choice = simulator.choose(small, cluster.feasible(small))
+    assert simulator_choice is not None and cluster.names[simulator_choice[0]] == chosen
