@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -232,3 +233,27 @@ def run_example(root: Path, body: str, setup: str = "",
             capture_output=True, text=True, timeout=600,
             env={**os.environ, **(env or {}), "PATH": f"{commands}:{os.environ['PATH']}",
                  "PYTHONPATH": str(repo), "TMPDIR": temp})
+
+
+def as_nobody(action: Callable[[], str]) -> str:
+    """What `action` returns, run in a child process as uid and gid 65534 (no other groups),
+    or the name and errno of the OSError it raised. A forked child, since the interpreter
+    may be installed where that user cannot run it."""
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(reader)
+        try:
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            answer = action()
+        except OSError as error:
+            answer = f"{type(error).__name__} {error.errno}"
+        os.write(writer, answer.encode())
+        os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader, "rb") as pipe:
+        answer = pipe.read().decode()
+    os.waitpid(child, 0)
+    return answer

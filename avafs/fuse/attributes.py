@@ -23,6 +23,14 @@ from .kernel import drop_pages
 
 _NO_ATTRS = Attrs()
 """What a file whose object names no mode or owner shows: the mount's defaults."""
+_LINK_MOST = 4096
+"""Bytes a link's object can hold at most: its target, shorter than PATH_MAX. A larger object
+is a regular file, whatever its metadata has yet to say; special files' objects are empty."""
+
+
+def _surely_regular(info: ObjectInfo | None) -> bool:
+    """Whether the object is a regular file before its metadata is read."""
+    return info is not None and info.size > _LINK_MOST
 
 
 class AttributeAnswers:
@@ -47,9 +55,11 @@ class AttributeAnswers:
                 return built[1]
         attrs = self._new_attributes(node, info)
         if self._undescribed(info):
-            # Nor the entry: its type may not be a regular file's (a link), and the kernel
-            # cannot change an inode's type, only look the name up again and make a new one.
-            attrs.attr_timeout = attrs.entry_timeout = 0
+            attrs.attr_timeout = 0
+            if not _surely_regular(info):
+                # Nor the entry: its type may be a link's, and the kernel cannot change an
+                # inode's type, only look the name up again and make a new one.
+                attrs.entry_timeout = 0
         if info is not None:
             attrs.st_nlink = 0 if orphan else 1
             attrs.st_size = info.size
@@ -113,14 +123,21 @@ class AttributeAnswers:
         """Whether a file's attributes must still be read from its object."""
         return info is not None and info.attrs is None and not self.options.listing_attrs
 
-    async def _described(self, node: Node) -> pyfuse3.EntryAttributes:
-        """The node's attributes, its object's metadata read first where needed (one HEAD)."""
+    async def _described(self, node: Node, lookup: bool = False) -> pyfuse3.EntryAttributes:
+        """The node's attributes, its object's metadata read first where needed (one GET or
+        HEAD). A LOOKUP (`lookup`) of a file that is surely a regular one answers from the
+        listing, with no timeout on the attributes, and leaves that read to the GETATTR the
+        kernel then sends before it uses them (a `stat`, the permission check of an `open`):
+        the kernel holds the directory's lock through a LOOKUP, so a lookup that waited for
+        the store would have every other new name of that directory wait with it, while
+        GETATTRs go side by side."""
         if node.is_dir:
             if self._undescribed_directory(node) and \
                     not self.namespace.marker_from_listing(node):
                 await self._blocking(self.namespace.describe_directory, node)
             return self._attributes(node)
-        if not self.options.listing_attrs:
+        if not self.options.listing_attrs and \
+                not (lookup and _surely_regular(self.namespace.current_info(node))):
             await self._info_with_attrs(node)
         if not self._opens:
             await self._drop_replaced_pages(node)

@@ -143,7 +143,7 @@ class AvafsOperations(AttributeAnswers, DirectoryRequests, WriteRequests, Namesp
             if self.namespace.absence_guessed(parent, text):
                 negative.entry_timeout = 0  # guessed while the store is unreachable: ask again
             return negative
-        return await self._described(node)
+        return await self._described(node, lookup=True)
 
     async def getattr(self, inode: int, ctx=None) -> pyfuse3.EntryAttributes:
         return await self._described(self.namespace.node(inode))

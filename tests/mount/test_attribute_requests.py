@@ -2,16 +2,22 @@
 bucket: a small file's first `stat` is answered by the GET that brings its bytes (no HEAD, and
 its read is then a hit), a larger file's by a HEAD, and a remount on the same cache dir knows
 what was read before (no request per file), unless the object changed in between; a warmup's
-GET of a small file reads its attributes too, so the first `stat` after it sends nothing."""
+GET of a small file reads its attributes too, so the first `stat` after it sends nothing.
+Files looked up by path in one directory, never listed, have their attributes read side by
+side, and a reader the object's mode shuts out is refused from the first `open`."""
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
+import threading
 import time
 from pathlib import Path
 
-from support import S3Server, object_gets, run_avafs, unmount
+from support import S3Server, as_nobody, object_gets, run_avafs, unmount
+
+from bench.servers.fault_proxy import FaultProxy
 
 MiB = 2**20
 SMALL = {f"data/{number}.bin": bytes([number]) * (1000 + number) for number in range(5)}
@@ -135,3 +141,59 @@ def test_a_warmup_reads_small_files_attributes_with_their_bytes(s3_server, bucke
     _check_dataset(mnt)
     assert (_heads(s3_server, bucket), object_gets(s3_server, bucket)) == \
         (heads, gets + len(SMALL) + 1), "a remount knows what the warmup read"
+
+
+def _owned_files(server: S3Server, bucket: str, count: int) -> dict[str, bytes]:
+    """`count` files of one directory too large to be links, each of mode 0600 and uid 123."""
+    files = {f"flat/{number:03d}.jpg": bytes([number]) * 8192 for number in range(count)}
+    client = server.client()
+    for key, body in files.items():
+        client.put_object(Bucket=bucket, Key=key, Body=body,
+                          Metadata={"mode": str(stat.S_IFREG | 0o600), "uid": "123"})
+    return files
+
+
+def test_files_looked_up_by_path_in_one_directory_are_described_side_by_side(
+        s3_server, bucket, s3_mount):
+    """The kernel holds a directory's lock through each LOOKUP of a name new to it: a lookup
+    that waited for the GET describing its file would make eight readers of one directory
+    wait for one GET after another (24 x 0.2 s here)."""
+    files = _owned_files(s3_server, bucket, 24)
+    proxy = FaultProxy(s3_server.port, rate=64 * MiB, latency=0.2)
+    try:
+        mnt = s3_mount(endpoint=proxy.endpoint)
+        os.listdir(mnt)
+        proxy.mode = "link"
+        gets, found = object_gets(s3_server, bucket), {}
+
+        def read(keys: list[str]) -> None:
+            for key in keys:
+                status = os.stat(mnt / key)
+                found[key] = (stat.S_IMODE(status.st_mode), status.st_uid,
+                              (mnt / key).read_bytes())
+
+        started = time.monotonic()
+        readers = [threading.Thread(target=read, args=(list(files)[i::8],)) for i in range(8)]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join()
+        elapsed = time.monotonic() - started
+        assert found == {key: (0o600, 123, body) for key, body in files.items()}
+        assert object_gets(s3_server, bucket) == gets + len(files)
+        assert elapsed < len(files) * proxy.latency / 2, f"{elapsed:.1f} s: one after another"
+    finally:
+        proxy.close()
+
+
+def test_a_mode_read_with_the_first_open_refuses_a_reader_it_shuts_out(
+        s3_server, bucket, s3_mount):
+    files = _owned_files(s3_server, bucket, 1)
+    mnt = s3_mount("--allow-other")
+    path = mnt / next(iter(files))
+
+    def read() -> str:
+        return str(len(path.read_bytes()))
+
+    assert as_nobody(read) == f"PermissionError {errno.EACCES}"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from sample_data import payload
-from support import run_avafs, unmount
+from support import as_nobody, run_avafs, unmount
 
 from avafs.client import Client
 from avafs.host.processes import wait_for_exit
@@ -242,30 +242,6 @@ def public_dir() -> Iterator[Path]:
     shutil.rmtree(path)
 
 
-def _as_nobody(action: Callable[[], str]) -> str:
-    """What `action` returns, run in a child process as uid and gid 65534 (no other groups),
-    or the name and errno of the OSError it raised. A forked child, since the interpreter
-    may be installed where that user cannot run it."""
-    reader, writer = os.pipe()
-    child = os.fork()
-    if child == 0:
-        os.close(reader)
-        try:
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            answer = action()
-        except OSError as error:
-            answer = f"{type(error).__name__} {error.errno}"
-        os.write(writer, answer.encode())
-        os._exit(0)
-    os.close(writer)
-    with os.fdopen(reader, "rb") as pipe:
-        answer = pipe.read().decode()
-    os.waitpid(child, 0)
-    return answer
-
-
 def _write_and_read(path: Path) -> Callable[[], str]:
     def action() -> str:
         path.write_bytes(b"written by nobody")
@@ -285,14 +261,14 @@ def test_another_user_writes_where_uid_and_gid_make_it_owner_and_is_refused_else
     mnt = s3_mount("--allow-other", "--uid", str(NOBODY), "--gid", str(NOBODY),
                    mountpoint=public_dir / "mnt")
 
-    assert _as_nobody(_write_and_read(mnt / "ckpt.txt")) == "written by nobody"
-    assert _as_nobody(_read(mnt / "shared.txt")) == "for all"
-    assert _as_nobody(_read(mnt / "root-only.txt")) == f"PermissionError {errno.EACCES}"
+    assert as_nobody(_write_and_read(mnt / "ckpt.txt")) == "written by nobody"
+    assert as_nobody(_read(mnt / "shared.txt")) == "for all"
+    assert as_nobody(_read(mnt / "root-only.txt")) == f"PermissionError {errno.EACCES}"
     Client(mnt).flush()
     assert s3_server.client().get_object(Bucket=bucket, Key="ckpt.txt")["Body"].read() == \
         b"written by nobody"
     # nobody chmods its own file; the mode stays across a remount on an empty cache.
-    assert _as_nobody(lambda: str(os.chmod(mnt / "ckpt.txt", 0o400))) == "None"
+    assert as_nobody(lambda: str(os.chmod(mnt / "ckpt.txt", 0o400))) == "None"
     Client(mnt).flush()
     again = _fresh_mount(s3_mount, mnt, "again")
     assert stat.S_IMODE(os.stat(again / "ckpt.txt").st_mode) == 0o400
@@ -306,8 +282,8 @@ def test_a_new_files_group_is_its_creators_or_a_set_group_id_parents(s3_server, 
         if group is not None:
             os.chown(mnt / name, -1, group)
         os.chmod(mnt / name, mode)
-    assert _as_nobody(lambda: str(os.mkdir(mnt / "open" / "mine"))) == "None"
-    assert _as_nobody(lambda: str(os.mkdir(mnt / "sgid" / "inherits"))) == "None"
+    assert as_nobody(lambda: str(os.mkdir(mnt / "open" / "mine"))) == "None"
+    assert as_nobody(lambda: str(os.mkdir(mnt / "sgid" / "inherits"))) == "None"
     assert os.stat(mnt / "open" / "mine").st_gid == NOBODY  # its creator's
     inherits = os.stat(mnt / "sgid" / "inherits")
     assert inherits.st_gid == 4321 and inherits.st_mode & stat.S_ISGID
@@ -321,7 +297,7 @@ def test_a_new_files_group_is_its_creators_or_a_set_group_id_parents(s3_server, 
 def test_without_uid_another_user_cannot_create_in_the_mounting_users_directories(
         s3_mount, public_dir):
     mnt = s3_mount("--allow-other", mountpoint=public_dir / "mnt")
-    assert _as_nobody(_write_and_read(mnt / "ckpt.txt")) == f"PermissionError {errno.EACCES}"
+    assert as_nobody(_write_and_read(mnt / "ckpt.txt")) == f"PermissionError {errno.EACCES}"
 
 
 def test_uid_and_gid_by_name(s3_server, bucket, s3_mount):
