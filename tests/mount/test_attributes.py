@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from sample_data import payload
-from support import as_nobody, run_avafs, unmount
+from support import NOBODY, as_nobody, run_avafs, unmount
 
 from avafs.client import Client
 from avafs.host.processes import wait_for_exit
@@ -25,7 +25,6 @@ from avafs.host.processes import wait_for_exit
 MiB = 2**20
 SET_NS = 1_600_000_000_123_456_000
 """A modification time with whole microseconds, which a float of Unix seconds keeps."""
-NOBODY = 65534
 
 
 def _head(server, bucket: str, key: str) -> dict:
