@@ -46,6 +46,7 @@ from .control.server import ControlServer
 from .control.status import RecentErrors
 from .errors import AvafsError
 from .fuse import AvafsOperations
+from .fuse.kernel import LIBFUSE_VERSION, PARALLEL_LOOKUPS
 from .host.mounts import AVAFS_FSTYPE, device_mounted, mount_at, wait_until_unmounted
 from .log_format import EscapingFormatter
 from .metrics import Metrics
@@ -321,8 +322,11 @@ def serve(options: MountOptions, mountpoint: Path, ready_fd: int | None) -> int:
             _report(ready_fd, f"error: mount failed: {error} (see {options.log_file})")
             return 1
         (options.cache_dir / PID_FILE).write_text(f"{os.getpid()}\n")
-        log.info("mounted %s at %s (pid %d)", ", ".join(options.sources.values()), mountpoint,
-                 os.getpid())
+        log.info("mounted %s at %s (pid %d, libfuse %s, %s)",
+                 ", ".join(options.sources.values()), mountpoint, os.getpid(),
+                 LIBFUSE_VERSION or "unknown",
+                 "lookups in one directory side by side" if PARALLEL_LOOKUPS else
+                 "lookups in one directory one at a time (libfuse older than 3.16)")
         entry = mount_at(mountpoint)
         device = entry.device if entry is not None and entry.fstype == AVAFS_FSTYPE else None
         signalled = uvloop.run(_serve_until_done(ready_fd, mountpoint, options.block_size,

@@ -1,22 +1,29 @@
 #!/usr/bin/env bash
 # Builds pyfuse3 3.5.0 with third_party/pyfuse3/avafs.patch (FileInfo.noflush, a read sent
-# without an open given the inode, its asyncio mode's request loop and failures, and opendir's
-# FileInfo with cache_readdir) as a wheel, versioned 3.5.0+avafs6 so that pip prefers it to
-# PyPI's 3.5.0 when both are offered.
+# without an open given the inode, its asyncio mode's request loop and failures, opendir's
+# FileInfo with cache_readdir, and parallel directory operations) as a wheel, versioned
+# 3.5.0+avafs7 so that pip prefers it to PyPI's 3.5.0 when both are offered.
 #
 #   scripts/build_pyfuse3.sh install      # build it and install it (skipped if installed)
 #   scripts/build_pyfuse3.sh wheel DIR    # build the wheel into DIR (the CSI image)
 #
+# It is linked against libfuse 3.17, built from Debian's source by scripts/build_libfuse.sh
+# and carried inside the extension module. Where that source cannot be had, it is built
+# against the system's libfuse3 instead, versioned 3.5.0+avafs7.system, with a warning:
+# avafs runs the same on it, but lookups in one directory wait for each other (libfuse 3.14
+# never asks the kernel for parallel directory operations). `install` builds again until
+# the libfuse 3.17 build has succeeded once.
+#
 # Builds for, and installs into, the python3 first on PATH (scripts/install.sh puts its
-# virtual environment's there). Needs gcc, pkg-config, libfuse3-dev and that Python's headers
-# (python3-dev for Debian's); Cython and setuptools_scm are installed for the build in the same
-# environment (an isolated build fetches them every time, and slower).
-# avafs runs on stock pyfuse3 too, with one to three more round trips per file read and more
-# per directory read (third_party/pyfuse3/README.md).
+# virtual environment's there). Needs gcc, pkg-config, meson, ninja-build, libfuse3-dev and
+# that Python's headers (python3-dev for Debian's); Cython and setuptools_scm are installed
+# for the build in the same environment (an isolated build fetches them every time, and
+# slower). avafs runs on stock pyfuse3 too, with one to three more round trips per file read
+# and more per directory read (third_party/pyfuse3/README.md).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 version=3.5.0
-local_version="$version+avafs6"
+local_version="$version+avafs7"
 mode="${1:-install}"
 
 installed="$(python3 -c 'import importlib.metadata as m; print(m.version("pyfuse3"))' \
@@ -43,6 +50,13 @@ export SETUPTOOLS_SCM_PRETEND_VERSION="$version"
 tar -xzf "$work/pyfuse3-$version.tar.gz" -C "$work"
 source_dir="$work/pyfuse3-$version"
 patch -s -d "$source_dir" -p1 < "$root/third_party/pyfuse3/avafs.patch"
+if "$root/scripts/build_libfuse.sh" "$work/libfuse"; then
+  export PKG_CONFIG_PATH="$work/libfuse/lib/pkgconfig"
+else
+  echo "warning: pyfuse3 is built against the system's libfuse3; lookups in one directory" \
+    "will wait for each other" >&2
+  local_version="$local_version.system"
+fi
 # The sdist ships the C that Cython made from the unpatched .pyx; the build makes it again.
 rm -f "$source_dir/src/pyfuse3/__init__.c"
 export SETUPTOOLS_SCM_PRETEND_VERSION="$local_version"

@@ -20,7 +20,7 @@ venv="$PWD/.venv"
 bin_dir="${AVAFS_BIN_DIR:-/usr/local/bin}"
 helper_dir="${AVAFS_HELPER_DIR:-/sbin}"
 
-packages=(fuse3 libfuse3-dev pkg-config gcc patch util-linux sqlite3 etcd-server s3fs strace
+packages=(fuse3 libfuse3-dev pkg-config meson ninja-build gcc patch util-linux sqlite3 etcd-server s3fs strace
           python3-minimal python3-venv python3-dev)
 missing=()
 for package in "${packages[@]}"; do

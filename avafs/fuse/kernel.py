@@ -21,6 +21,15 @@ pyfuse3 gives it the handle, 0 for every file then)."""
 CACHES_DIRECTORIES = hasattr(pyfuse3.FileInfo(), "cache_readdir")
 """Whether opendir can ask the kernel to keep a directory's entries (third_party/pyfuse3's
 patch; stock pyfuse3 takes a handle only, and every read of a directory is a request)."""
+LIBFUSE_VERSION = getattr(pyfuse3, "LIBFUSE_VERSION", None)
+"""The libfuse pyfuse3 runs on, as 317 for 3.17 (third_party/pyfuse3's patch; None on stock
+pyfuse3)."""
+PARALLEL_LOOKUPS = (hasattr(pyfuse3.Operations, "enable_parallel_dirops")
+                    and LIBFUSE_VERSION is not None and LIBFUSE_VERSION >= 316)
+"""Whether the kernel can be asked for parallel directory operations: pyfuse3 patched to ask
+(third_party/pyfuse3) on a libfuse that passes the request on, 3.16 and later
+(scripts/build_libfuse.sh). Without them the kernel holds a directory's lock through every
+LOOKUP of a new name and every READDIR, so lookups in one directory wait for each other."""
 
 
 async def drop_pages(inode: int, threads: Executor) -> None:

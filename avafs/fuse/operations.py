@@ -54,6 +54,15 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 @guarded
 class AvafsOperations(AttributeAnswers, DirectoryRequests, WriteRequests, NamespaceChanges,
                       LinkRequests, pyfuse3.Operations):
+    enable_parallel_dirops = True
+    """LOOKUPs and READDIRs of one directory may run side by side: a lookup that waits for
+    the store (a listing, the GET that describes a small file) then holds up no other name of
+    its directory. Safe because the handlers keep no per-directory state between their waits
+    that another lookup or readdir could invalidate (each change to the namespace is made on
+    the request loop, between waits), and because the kernel still serializes what must be:
+    lookups of one name wait for each other, and every change to a directory (create,
+    unlink, rename, mkdir) holds its lock exclusively."""
+
     def __init__(self, namespace: Namespace, stack: TierStack, options: MountOptions,
                  xattrs: dict[str, str]) -> None:
         super().__init__()
