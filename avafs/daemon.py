@@ -324,9 +324,11 @@ def serve(options: MountOptions, mountpoint: Path, ready_fd: int | None) -> int:
         (options.cache_dir / PID_FILE).write_text(f"{os.getpid()}\n")
         log.info("mounted %s at %s (pid %d, libfuse %s, %s)",
                  ", ".join(options.sources.values()), mountpoint, os.getpid(),
-                 LIBFUSE_VERSION or "unknown",
+                 f"{LIBFUSE_VERSION // 100}.{LIBFUSE_VERSION % 100}" if LIBFUSE_VERSION
+                 else "unknown",
                  "lookups in one directory side by side" if PARALLEL_LOOKUPS else
-                 "lookups in one directory one at a time (libfuse older than 3.16)")
+                 "lookups in one directory one at a time: scripts/build_pyfuse3.sh builds a "
+                 "pyfuse3 that allows more")
         entry = mount_at(mountpoint)
         device = entry.device if entry is not None and entry.fstype == AVAFS_FSTYPE else None
         signalled = uvloop.run(_serve_until_done(ready_fd, mountpoint, options.block_size,

@@ -27,10 +27,9 @@ REFUSALS = frozenset({errno.EFBIG, errno.ENAMETOOLONG, errno.EINVAL, errno.EEXIS
 """What the local disk answers a request it refuses as asked (a size past what it holds):
 the caller's mistake, not the disk's failure, so not an error of the daemon's log."""
 
-HANDLERS = frozenset(name for name in vars(pyfuse3.Operations)
-                     if not name.startswith("_") and name not in
-                     ("init", "stacktrace", "supports_dot_lookup", "enable_acl",
-                      "enable_writeback_cache"))
+HANDLERS = frozenset(name for name, value in vars(pyfuse3.Operations).items()
+                     if callable(value) and not name.startswith("_")
+                     and name not in ("init", "stacktrace"))
 """The methods pyfuse3 calls for kernel requests."""
 
 

@@ -217,13 +217,41 @@ def test_unusable_cache_dir(local_bucket, mnt, tmp_path, setup, cache_dir, expec
     assert "give --cache-dir a" in line
 
 
-def test_libfuse_missing(local_bucket, mnt, tmp_path):
+def _hide_system_libfuse() -> str:
+    """The shell commands that hide the system's libfuse3 in a private mount namespace."""
     libraries = glob.glob("/usr/lib/*/libfuse3.so.3*") + glob.glob("/lib/*/libfuse3.so.3*")
     assert libraries, "libfuse3 is installed on test machines"
-    hide = " && ".join(f"mount --bind /dev/null {path}" for path in libraries)
+    return " && ".join(f"mount --bind /dev/null {path}" for path in libraries)
+
+
+def _pyfuse3_links_the_system_libfuse() -> bool:
+    """Whether the installed pyfuse3 loads the shared libfuse3: built against the system's
+    (stock pyfuse3, or where build_libfuse.sh could not run), not the static one
+    scripts/build_libfuse.sh makes."""
+    import pyfuse3  # noqa: F401
+
+    return "libfuse3.so" in Path("/proc/self/maps").read_text()
+
+
+@pytest.mark.skipif(not _pyfuse3_links_the_system_libfuse(),
+                    reason="pyfuse3 carries its own libfuse (scripts/build_libfuse.sh)")
+def test_libfuse_missing(local_bucket, mnt, tmp_path):
     line = one_line_error(_in_private_mount_namespace(
-        hide, "mount", local_bucket.as_uri(), str(mnt), "--cache-dir", str(tmp_path / "c")))
+        _hide_system_libfuse(), "mount", local_bucket.as_uri(), str(mnt),
+        "--cache-dir", str(tmp_path / "c")))
     assert "libfuse3" in line and "apt-get install" in line
+
+
+@pytest.mark.skipif(_pyfuse3_links_the_system_libfuse(),
+                    reason="pyfuse3 is built against the system's libfuse3")
+def test_a_pyfuse3_carrying_its_own_libfuse_mounts_without_the_systems(local_bucket, mnt,
+                                                                        tmp_path):
+    (local_bucket / "file.txt").write_bytes(b"read without libfuse3.so")
+    avafs = " ".join(f"'{part}'" for part in AVAFS)
+    result = _in_private_mount_namespace(
+        f"{_hide_system_libfuse()} && {avafs} mount {local_bucket.as_uri()} {mnt} "
+        f"--cache-dir {tmp_path / 'c'} && cat {mnt / 'file.txt'}", "umount", str(mnt))
+    assert (result.returncode, result.stdout) == (0, "read without libfuse3.so"), result.stderr
 
 
 @pytest.mark.parametrize("flags, expected", [
