@@ -57,11 +57,11 @@ class AvafsOperations(AttributeAnswers, DirectoryRequests, WriteRequests, Namesp
     enable_parallel_dirops = True
     """LOOKUPs and READDIRs of one directory may run side by side: a lookup that waits for
     the store (a listing, the GET that describes a small file) then holds up no other name of
-    its directory. Safe because the handlers keep no per-directory state between their waits
-    that another lookup or readdir could invalidate (each change to the namespace is made on
-    the request loop, between waits), and because the kernel still serializes what must be:
-    lookups of one name wait for each other, and every change to a directory (create,
-    unlink, rename, mkdir) holds its lock exclusively."""
+    its directory. Safe because the namespace serves lookups of different directories side by
+    side already (its state under one lock, a listing's fetch shared by every caller that
+    waits for it), so two in one directory are no new case, and because the kernel still
+    serializes what must be: lookups of one name wait for each other, and every change to a
+    directory (create, unlink, rename, mkdir) holds its lock exclusively."""
 
     def __init__(self, namespace: Namespace, stack: TierStack, options: MountOptions,
                  xattrs: dict[str, str]) -> None:
