@@ -19,6 +19,7 @@ from ..namespace import Node
 from ..stores.base import ObjectInfo
 from ..stores.metadata import Attrs
 from ..writeback.pending import Pending
+from . import kernel
 from .kernel import drop_pages
 
 _NO_ATTRS = Attrs()
@@ -125,19 +126,22 @@ class AttributeAnswers:
 
     async def _described(self, node: Node, lookup: bool = False) -> pyfuse3.EntryAttributes:
         """The node's attributes, its object's metadata read first where needed (one GET or
-        HEAD). A LOOKUP (`lookup`) of a file that is surely a regular one answers from the
-        listing, with no timeout on the attributes, and leaves that read to the GETATTR the
-        kernel then sends before it uses them (a `stat`, the permission check of an `open`):
-        the kernel holds the directory's lock through a LOOKUP, so a lookup that waited for
-        the store would have every other new name of that directory wait with it, while
-        GETATTRs go side by side."""
+        HEAD). Where lookups in one directory go one at a time (`kernel.PARALLEL_LOOKUPS`
+        false: the kernel holds the directory's lock through a LOOKUP), a LOOKUP (`lookup`)
+        of a file that is surely a regular one answers from the listing, with no timeout on
+        the attributes, and leaves that read to the GETATTR the kernel then sends before it
+        uses them (a `stat`, the permission check of an `open`), which go side by side: a
+        lookup that waited for the store would have every other new name of that directory
+        wait with it. With parallel lookups the LOOKUP reads them itself, and the file costs
+        no GETATTR."""
         if node.is_dir:
             if self._undescribed_directory(node) and \
                     not self.namespace.marker_from_listing(node):
                 await self._blocking(self.namespace.describe_directory, node)
             return self._attributes(node)
-        if not self.options.listing_attrs and \
-                not (lookup and _surely_regular(self.namespace.current_info(node))):
+        if not self.options.listing_attrs and not (
+                lookup and not kernel.PARALLEL_LOOKUPS
+                and _surely_regular(self.namespace.current_info(node))):
             await self._info_with_attrs(node)
         if not self._opens:
             await self._drop_replaced_pages(node)

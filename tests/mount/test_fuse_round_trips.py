@@ -15,6 +15,8 @@ from pathlib import Path
 import pyfuse3
 import pytest
 
+from avafs.fuse.kernel import PARALLEL_LOOKUPS
+
 pytestmark = [
     pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace (scripts/install.sh)"),
     pytest.mark.skipif(not hasattr(pyfuse3.FileInfo(), "noflush"),
@@ -22,6 +24,8 @@ pytestmark = [
 ]
 
 OPENS = 50
+FUSE_LOOKUP = 1
+FUSE_GETATTR = 3
 FUSE_OPEN = 14
 FUSE_READ = 15
 FUSE_RELEASE = 18
@@ -93,6 +97,26 @@ def test_a_read_only_mount_serves_a_file_read_again_from_the_kernel(local_bucket
     requests = _requests_while(_daemon_pid(mnt), lambda: _read_again(path), tmp_path / "trace")
     for opcode in (FUSE_OPEN, FUSE_READ, FUSE_FLUSH, FUSE_RELEASE):
         assert requests[opcode] == 0, requests
+
+
+@pytest.mark.skipif(not PARALLEL_LOOKUPS, reason="lookups in one directory go one at a time "
+                    "(libfuse older than 3.16): a GETATTR reads a file's attributes instead")
+def test_a_file_opened_by_path_is_described_by_its_lookup(local_bucket, mount, tmp_path):
+    """With parallel lookups a LOOKUP may wait for the store: it reads the attributes, and
+    the open that follows needs no GETATTR."""
+    names = [f"{i:02d}.bin" for i in range(OPENS)]
+    for name in names:
+        (local_bucket / name).write_bytes(os.urandom(8192))
+    mnt = mount(f"file://{local_bucket}")
+
+    def open_each() -> None:
+        for name in names:
+            with open(mnt / name, "rb") as reader:
+                assert len(reader.read()) == 8192
+
+    requests = _requests_while(_daemon_pid(mnt), open_each, tmp_path / "trace")
+    assert (requests[FUSE_LOOKUP], requests[FUSE_OPEN]) == (OPENS, OPENS), requests
+    assert requests[FUSE_GETATTR] == 0, requests
 
 
 @pytest.mark.skipif(not hasattr(pyfuse3.FileInfo(), "cache_readdir"),
