@@ -101,13 +101,16 @@ def test_a_read_only_mount_serves_a_file_read_again_from_the_kernel(local_bucket
 
 @pytest.mark.skipif(not PARALLEL_LOOKUPS, reason="lookups in one directory go one at a time "
                     "(libfuse older than 3.16): a GETATTR reads a file's attributes instead")
-def test_a_file_opened_by_path_is_described_by_its_lookup(local_bucket, mount, tmp_path):
-    """With parallel lookups a LOOKUP may wait for the store: it reads the attributes, and
-    the open that follows needs no GETATTR."""
+def test_a_file_opened_by_path_is_described_by_its_lookup(s3_server, bucket, s3_mount,
+                                                          tmp_path):
+    """With parallel lookups a LOOKUP may wait for the store: it reads the attributes a
+    listing lacks (an S3 listing carries no metadata), and the open that follows needs no
+    GETATTR."""
     names = [f"{i:02d}.bin" for i in range(OPENS)]
+    client = s3_server.client()
     for name in names:
-        (local_bucket / name).write_bytes(os.urandom(8192))
-    mnt = mount(f"file://{local_bucket}")
+        client.put_object(Bucket=bucket, Key=name, Body=os.urandom(8192))
+    mnt = s3_mount()
 
     def open_each() -> None:
         for name in names:
