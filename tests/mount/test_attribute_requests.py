@@ -190,8 +190,9 @@ def _read_by_path_through_a_slow_link(server: S3Server, bucket: str, s3_mount,
 def test_files_looked_up_by_path_in_one_directory_are_described_side_by_side(
         s3_server, bucket, s3_mount):
     """The kernel holds a directory's lock through each LOOKUP of a name new to it unless
-    the file system asked for parallel directory operations: a file too large to be a link
-    is described by the GETATTR after its LOOKUP, outside that lock, whichever libfuse runs."""
+    the file system asked for parallel directory operations. A file too large to be a link
+    is described side by side whichever libfuse runs: by its LOOKUP where lookups go in
+    parallel, else by the GETATTR after it, outside that lock."""
     _read_by_path_through_a_slow_link(s3_server, bucket, s3_mount, 8192)
 
 
