@@ -39,7 +39,14 @@ if ! "${apt[@]}" update >"$work/apt.log" 2>&1 \
   echo "libfuse: Debian's fuse3 source ($suite) could not be fetched: $(tail -1 "$work/apt.log")" >&2
   exit 1
 fi
-tarball="$(ls "$work/source"/fuse3_*.orig.tar.* 2>/dev/null | head -1)"
+tarball=""
+for found in "$work/source"/fuse3_*.orig.tar.*; do
+  [[ "$found" == *.asc || ! -f "$found" ]] || tarball="$found"
+done
+if [[ -z "$tarball" ]]; then
+  echo "libfuse: Debian's fuse3 source ($suite) came without its upstream tarball" >&2
+  exit 1
+fi
 version="$(basename "$tarball" | sed -E 's/^fuse3_([0-9.]+)\.orig\..*/\1/')"
 if [[ "$version" != "$series".* ]]; then
   echo "libfuse: Debian $suite serves fuse3 $version, not $series.x, which this build expects" >&2
