@@ -115,7 +115,7 @@ class LeanRequests:
         within `seconds`: bytes [start, start+length) of this version, or None when the full
         path should handle the request (this loop cannot send it, signing would first
         renew the credentials, or the answer is not the expected one). Raises Changed for
-        a gone version, TimeoutError and aiohttp.ClientError for a failed transfer."""
+        a gone version, TimeoutError and loop_get.TransferFailed for a failed transfer."""
         answer = await self._range_on_loop(gets, key, start, length, etag, seconds)
         return None if answer is None else answer[0]
 

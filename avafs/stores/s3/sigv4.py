@@ -59,7 +59,7 @@ class Signer:
         if frozen.token:
             signed["X-Amz-Security-Token"] = frozen.token
         canonical = {name.lower(): " ".join(value.split()) for name, value in signed.items()}
-        canonical["host"] = _host(parts)
+        canonical["host"] = host_header(parts)
         names = sorted(canonical)
         signed_names = ";".join(names)
         request = "\n".join((
@@ -112,7 +112,7 @@ def _sorted_query(query: str) -> str:
     return "&".join(f"{name}={value}" for name, value in pairs)
 
 
-def _host(parts) -> str:
+def host_header(parts) -> str:
     """The Host header urllib3 sends for this URL: the port only when it is not the
     scheme's default; an IPv6 address in brackets."""
     host = parts.hostname or ""

@@ -24,7 +24,6 @@ from dataclasses import replace
 from typing import BinaryIO
 from urllib.parse import urlsplit
 
-import aiohttp
 import boto3
 import botocore.exceptions
 import urllib3.exceptions
@@ -37,7 +36,7 @@ from ..metadata import Attrs
 from . import botocore_adapter
 from .deadlines import DeadlineBody, DeadlinePassed, Deadlines
 from .lean import Changed, LeanRequests
-from .loop_get import LoopGets
+from .loop_get import LoopGets, TransferFailed, Unreachable
 from .multipart import PART, TRANSFER, S3MultipartUploads
 from .replies import error_code, unquoted_etag
 from .versions import GONE, current_versions, read_version
@@ -172,8 +171,7 @@ class S3Store(S3MultipartUploads, ObjectStore):
         if isinstance(error, (botocore.exceptions.EndpointConnectionError,
                               botocore.exceptions.ConnectTimeoutError,
                               botocore.exceptions.ConnectionClosedError,
-                              aiohttp.ClientConnectorError,
-                              aiohttp.ServerDisconnectedError)):
+                              Unreachable)):
             # A server that resets a connection it accepted gives either a failed connection
             # or one closed before any answer, by a race with the request's send: one cause,
             # so one message.
@@ -197,6 +195,8 @@ class S3Store(S3MultipartUploads, ObjectStore):
         if isinstance(error, botocore.exceptions.ReadTimeoutError):
             return (f"S3 endpoint {self.endpoint} did not answer {action or 'a request'} in "
                     f"time: the store is overloaded or hung (see {self.timeout_option})")
+        if isinstance(error, TransferFailed):
+            return f"S3 {action or 'request'} at {self.endpoint} failed: {error}"
         return (f"S3 {action or 'request'} at {self.endpoint} failed: "
                 f"{type(error).__name__}")
 
@@ -285,7 +285,7 @@ class S3Store(S3MultipartUploads, ObjectStore):
             raise self._changed(key) from None
         except TimeoutError:
             failed = StoreError(self._late(key, length, limit))
-        except aiohttp.ClientError as error:
+        except TransferFailed as error:
             failed = self._failure(error, f"GET of {key!r}")
         else:
             if data is not None:
@@ -310,7 +310,7 @@ class S3Store(S3MultipartUploads, ObjectStore):
             raise self._changed(key) from None
         except TimeoutError:
             raise StoreError(self._late(key, size, limit)) from None
-        except aiohttp.ClientError as error:
+        except TransferFailed as error:
             raise self._failure(error, f"GET of {key!r}") from None
         if answer is None:
             return await super().get_described_async(listed, threads)
