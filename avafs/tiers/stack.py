@@ -32,6 +32,7 @@ from .cluster import ClusterTier
 from .disk import DiskTier
 from .evictor import Evictor
 from .fetches import Fetches
+from .fresh import FreshBlocks
 from .ram import RamTier
 from .readahead import ReadAhead
 from .request_loop import RequestLoop
@@ -77,6 +78,7 @@ class TierStack:
         """Read-ahead: `read_async` and `read_whole` start their streams through it."""
         self.request_loop = RequestLoop()
         """The FUSE request loop, once it serves: `read_whole` sends cold small GETs there."""
+        self._fresh = FreshBlocks()
 
     def block_count(self, ref: ObjectRef) -> int:
         return self._fetches.block_count(ref)
@@ -228,8 +230,10 @@ class TierStack:
         return result
 
     def _read_small(self, ref: ObjectRef, offset: int, size: int) -> bytes | None:
-        """The bytes of an object of one small block, from RAM or straight from the disk
-        tier; None if it is larger, loading, or in neither tier (never waits for the store).
+        """The bytes of an object of one small block, from RAM, from what its lookup just
+        fetched (`fresh.py`; counted as the disk tier's hit, which holds the same block) or
+        straight from the disk tier; None if it is larger, loading, or in neither tier
+        (never waits for the store).
 
         Such a block is read from the disk tier, not copied into RAM as well, and once the
         disk tier holds it a fetch leaves it out of RAM too (`Fetches.fetched`): its file was
@@ -244,11 +248,13 @@ class TierStack:
         if data is not None:
             return data
         block = ref.block(0)
-        if block in self._fetches:
-            return None
-        data = self.disk.get(block)
+        data = self._fresh.get(block)
         if data is None:
-            return None
+            if block in self._fetches:
+                return None
+            data = self.disk.get(block)
+            if data is None:
+                return None
         self.metrics.tier_hits["disk"].inc()
         self.metrics.served_from["disk"].inc(len(data))
         return self._slice([data], offset, size, ref)
@@ -260,7 +266,7 @@ class TierStack:
         several such files wait for the device side by side rather than one after another
         (on the FUSE loop, where `_read_small` reads them, or in the batch's thread)."""
         if self._fetches.is_small(ref) and (block := ref.block(0)) not in self.ram \
-                and block not in self._fetches:
+                and block not in self._fetches and block not in self._fresh:
             self.disk.expect_read(block)
 
     async def _fetch_small(self, ref: ObjectRef, offset: int, size: int) -> bytes | None:
@@ -289,7 +295,10 @@ class TierStack:
             return await ref.store.get_described_async(listed, self._fetches.pool)
 
         fetched = await self._fetch_alone(ref, get)
-        return None if fetched is None else fetched[1]
+        if fetched is None:
+            return None
+        self._fresh.keep(ref.block(0), fetched[0])
+        return fetched[1]
 
     async def _fetch_alone(self, ref: ObjectRef,
                            get: Callable[[], Awaitable[tuple[bytes, T]]]
@@ -444,4 +453,5 @@ class TierStack:
         ram = [block for block in self.ram.blocks() if block.source == source and block.key == key]
         disk = [block for block in self.disk.blocks()
                 if block.source == source and block.key == key]
+        self._fresh.discard(source, key)
         return self.ram.discard(ram) + self.disk.discard(disk)

@@ -70,6 +70,27 @@ def test_a_small_files_first_stat_costs_the_get_its_read_needs_and_no_head(
     assert object_gets(s3_server, bucket) == gets + len(SMALL) + 1
 
 
+def test_a_small_files_first_read_after_its_lookup_is_answered_from_the_lookups_bytes(
+        s3_server, bucket, s3_mount, tmp_path):
+    """Not from the disk tier's file of the block (written a moment before): its bytes
+    damaged in the cache dir after the `stat`, the read still gives the object's bytes,
+    with no second GET (a read of the damaged file would drop it and fetch it again)."""
+    _dataset(s3_server, bucket)
+    cache = tmp_path / "cache"
+    mnt = s3_mount(cache_dir=cache)
+    key, body = "data/3.bin", SMALL["data/3.bin"]
+    os.stat(mnt / key)
+    gets = object_gets(s3_server, bucket)
+    block_files = [path for path in (cache / "disk").rglob("*")
+                   if path.is_file() and path.stat().st_size == len(body)
+                   and path.read_bytes() == body]
+    assert len(block_files) == 1
+    block_files[0].write_bytes(b"x" * len(body))
+
+    assert (mnt / key).read_bytes() == body
+    assert object_gets(s3_server, bucket) == gets
+
+
 def test_a_remount_on_the_same_cache_dir_reads_no_attributes_again(
         s3_server, bucket, s3_mount, tmp_path):
     cache = tmp_path / "kept-cache"
