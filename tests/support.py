@@ -6,12 +6,14 @@ Fixtures live in conftest.py; plain helpers live here so tests in any folder can
 
 from __future__ import annotations
 
+import http.server
 import os
 import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -257,3 +259,13 @@ def as_nobody(action: Callable[[], str]) -> str:
         answer = pipe.read().decode()
     os.waitpid(child, 0)
     return answer
+
+
+def serve_http(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A fixture's body: an HTTP server on loopback answering with `handler`, its base URL
+    yielded, shut down after."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()

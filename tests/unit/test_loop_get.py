@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import boto3
 import pytest
 import uvloop
+from support import serve_http
 
 from avafs.stores.s3.loop_get import LoopGets, TransferFailed, Unreachable
 
@@ -57,23 +58,15 @@ class _BreakingOff(_Ranges):
         self.close_connection = True
 
 
-def _serve(handler: type[_Ranges]) -> Iterator[str]:
-    handler.connections = 0
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
 @pytest.fixture
 def ranges_endpoint() -> Iterator[str]:
-    yield from _serve(_Ranges)
+    _Ranges.connections = 0
+    yield from serve_http(_Ranges)
 
 
 @pytest.fixture
 def breaking_off_endpoint() -> Iterator[str]:
-    yield from _serve(_BreakingOff)
+    yield from serve_http(_BreakingOff)
 
 
 def _gets(endpoint: str, connections: int) -> LoopGets:

@@ -9,7 +9,6 @@ import gc
 import hashlib
 import http.server
 import os
-import threading
 import time
 import warnings
 import zlib
@@ -21,7 +20,7 @@ import botocore.exceptions
 import pytest
 import uvloop
 from botocore.config import Config
-from support import TEST_CREDENTIALS
+from support import TEST_CREDENTIALS, serve_http
 
 from avafs.errors import ObjectChangedError, StoreError
 from avafs.stores.base import StoreLimits
@@ -65,23 +64,15 @@ class _BreakingOff(http.server.BaseHTTPRequestHandler):
         return
 
 
-def _serve(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
 @pytest.fixture
 def redirecting_endpoint() -> Iterator[str]:
     _Redirecting.requests = []
-    yield from _serve(_Redirecting)
+    yield from serve_http(_Redirecting)
 
 
 @pytest.fixture
 def breaking_off_endpoint() -> Iterator[str]:
-    yield from _serve(_BreakingOff)
+    yield from serve_http(_BreakingOff)
 
 
 def _lean_requests(endpoint: str, config: Config | None = None) -> LeanRequests:
