@@ -68,7 +68,9 @@ class CachedListing:
     fetched_at: float
     entries: dict[str, Entry] = field(default_factory=dict)
     _ordered: list[Entry] | None = None
-    _subdirectories: int | None = None
+    _directories: set[str] | None = None
+    """The subdirectories' names, found once, then kept up to date by `put` and `drop`
+    (an upload settling puts its entry: a recount per settle would scan the directory)."""
     listed_ahead: bool = False
     """Fetched ahead of a walk and not asked for since: its first caller moves the window."""
     marker: ObjectInfo | None = None
@@ -76,9 +78,14 @@ class CachedListing:
 
     @property
     def subdirectories(self) -> int:
-        if self._subdirectories is None:
-            self._subdirectories = sum(entry.is_dir for entry in self.entries.values())
-        return self._subdirectories
+        return len(self.directory_names)
+
+    @property
+    def directory_names(self) -> set[str]:
+        """The subdirectories' names (the caller must not change the set)."""
+        if self._directories is None:
+            self._directories = {name for name, entry in self.entries.items() if entry.is_dir}
+        return self._directories
 
     @property
     def ordered(self) -> list[Entry]:
@@ -89,11 +96,18 @@ class CachedListing:
 
     def put(self, entry: Entry) -> None:
         self.entries[entry.name] = entry
-        self._ordered = self._subdirectories = None
+        self._ordered = None
+        if self._directories is not None:
+            if entry.is_dir:
+                self._directories.add(entry.name)
+            else:
+                self._directories.discard(entry.name)
 
     def drop(self, name: str) -> None:
         if self.entries.pop(name, None) is not None:
-            self._ordered = self._subdirectories = None
+            self._ordered = None
+            if self._directories is not None:
+                self._directories.discard(name)
 
 
 def settle_into(listing: CachedListing, key: str, info: ObjectInfo | None) -> None:
@@ -144,6 +158,24 @@ class ListingCache:
             elif state.key.endswith("/") == (merged.entries.get(name, Entry(name, None)).is_dir):
                 merged.drop(name)
         return merged
+
+    def _subdirectories_with_pending(self, listing: CachedListing, source: str,
+                                     prefix: str) -> int:
+        """`_with_pending(listing, source, prefix).subdirectories`, reading only the pending
+        states that can change it: directory markers, and files named as a subdirectory
+        (a file's state shadows it, as the merge puts it in the directory's place). Why: the
+        kernel asks for a directory's attributes after each entry made in it, and a merge of
+        every pending file per ask made writing many files into one directory quadratic."""
+        directories = set(listing.directory_names)
+        for state in self.writeback.child_markers(source, prefix):
+            name = state.key[len(prefix):-1]
+            if state.kind == DELETED:
+                directories.discard(name)
+            else:
+                directories.add(name)
+        return sum(1 for name in directories
+                   if (state := self.writeback.get(source, prefix + name)) is None
+                   or state.kind == DELETED)
 
     def _pending_entry(self, name: str, state: Pending) -> Entry | None:
         if state.kind == DELETED:

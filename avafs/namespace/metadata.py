@@ -150,9 +150,9 @@ class Metadata:
         listing = self._listings.get((node.source, node.key))
         if listing is None:
             return None
-        if self.writeback is not None and self.writeback.children(node.source, node.key):
-            listing = self._with_pending(listing, node.source, node.key)
-        return listing.subdirectories
+        if self.writeback is None:
+            return listing.subdirectories
+        return self._subdirectories_with_pending(listing, node.source, node.key)
 
     def entries_changed(self, directory: Node) -> None:
         """This mount created, removed or renamed an entry of `directory` (see the node's

@@ -120,6 +120,9 @@ class WriteBack(FileWrites, NamespaceChanges, UploadOrder, Flushing, ClusterStag
         self._order: OrderedDict[tuple[str, str], None] = OrderedDict()
         """Pending keys, least recently changed first: the order uploads become due in."""
         self._by_dir: dict[tuple[str, str], set[str]] = {}
+        self._markers_by_dir: dict[tuple[str, str], set[str]] = {}
+        """The keys of `_by_dir` that are directory markers (end in '/'), for what counts
+        subdirectories without going through every pending file of a directory."""
         self._copy_sources: Counter[tuple[str, str]] = Counter()
         """Keys whose store version pending copies (renames) read: nothing else may change
         such a key in the store before they land."""
@@ -186,7 +189,10 @@ class WriteBack(FileWrites, NamespaceChanges, UploadOrder, Flushing, ClusterStag
         self._pending[entry.slot] = entry
         self._order[entry.slot] = None
         self._order.move_to_end(entry.slot)
-        self._by_dir.setdefault((entry.source, parent_prefix(entry.key)), set()).add(entry.key)
+        directory = (entry.source, parent_prefix(entry.key))
+        self._by_dir.setdefault(directory, set()).add(entry.key)
+        if entry.key.endswith("/"):
+            self._markers_by_dir.setdefault(directory, set()).add(entry.key)
         self.on_changed(entry.source, entry.key)
 
     def _unindex(self, entry: Pending, stored: ObjectInfo | None = None) -> None:
@@ -200,11 +206,13 @@ class WriteBack(FileWrites, NamespaceChanges, UploadOrder, Flushing, ClusterStag
         self._unstage(entry)
         self._count_copy(entry, -1)
         self._stop_streaming(entry)
-        keys = self._by_dir.get((entry.source, parent_prefix(entry.key)))
-        if keys is not None:
-            keys.discard(entry.key)
-            if not keys:
-                del self._by_dir[(entry.source, parent_prefix(entry.key))]
+        directory = (entry.source, parent_prefix(entry.key))
+        for index in (self._by_dir, self._markers_by_dir):
+            keys = index.get(directory)
+            if keys is not None:
+                keys.discard(entry.key)
+                if not keys:
+                    del index[directory]
         self.on_changed(entry.source, entry.key)
         if entry.file:
             self._release_file(entry.file, None if stored is None else (entry.source, stored))
@@ -298,6 +306,12 @@ class WriteBack(FileWrites, NamespaceChanges, UploadOrder, Flushing, ClusterStag
         """Pending states of keys directly under `prefix`."""
         with self.lock:
             keys = self._by_dir.get((source, prefix), ())
+            return [self._pending[(source, key)] for key in keys]
+
+    def child_markers(self, source: str, prefix: str) -> list[Pending]:
+        """Pending states of the directory markers directly under `prefix`."""
+        with self.lock:
+            keys = self._markers_by_dir.get((source, prefix), ())
             return [self._pending[(source, key)] for key in keys]
 
     def data_path(self, entry: Pending) -> Path | None:

@@ -147,6 +147,28 @@ def test_a_rewritten_file_keeps_its_mode_and_a_new_one_its_creation_mode(s3_serv
     assert _head(s3_server, bucket, "secret")["Metadata"]["mode"] == str(stat.S_IFREG | 0o600)
 
 
+def test_a_directorys_link_count_follows_subdirectories_made_and_removed_before_upload(
+        s3_server, bucket, s3_mount):
+    """The count merges the listing with what is still pending, without reading every
+    pending file of the directory (tools such as find trust it)."""
+    client = s3_server.client()
+    client.put_object(Bucket=bucket, Key="top/old/a.bin", Body=b"a")
+    client.put_object(Bucket=bucket, Key="top/gone/", Body=b"")
+    mnt = s3_mount("--writeback-delay", "60")
+    top = mnt / "top"
+    assert sorted(os.listdir(top)) == ["gone", "old"]
+    assert os.stat(top).st_nlink == 4
+    (top / "new1").mkdir()
+    (top / "new2").mkdir()
+    for number in range(20):
+        (top / f"{number}.txt").write_bytes(b"x")
+    (top / "gone").rmdir()
+    subdirectories = sum(entry.is_dir() for entry in os.scandir(top))
+
+    assert subdirectories == 3
+    assert os.stat(top).st_nlink == 2 + subdirectories
+
+
 def test_directory_attributes_survive_upload_and_remount_on_an_empty_cache(
         s3_server, bucket, s3_mount):
     s3_server.client().put_object(Bucket=bucket, Key="listed/a.bin", Body=b"a")
