@@ -7,7 +7,7 @@ each socket call, on top of urllib3's per-request work in Python. On the request
 request is written as bytes and the answer parsed by httptools (llhttp, in C), because an
 HTTP client session's own work per request (its request and response objects, timers,
 hooks) was about half of the daemon's CPU for such a GET (docs/optimization-history.md,
-"A GET's own cost on the loop").
+"a cold small file's CPU on a quiet machine, and a GET's own cost on the loop").
 
 Connections: at most `max_connections` at a time, each carrying one GET, kept for the next
 only after an answer read to its end that did not ask to close it. A kept connection the
