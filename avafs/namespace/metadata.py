@@ -150,7 +150,7 @@ class Metadata:
         listing = self._listings.get((node.source, node.key))
         if listing is None:
             return None
-        if self.writeback is None:
+        if self.writeback is None or not self.writeback.has_children(node.source, node.key):
             return listing.subdirectories
         return self._subdirectories_with_pending(listing, node.source, node.key)
 

@@ -308,6 +308,10 @@ class WriteBack(FileWrites, NamespaceChanges, UploadOrder, Flushing, ClusterStag
             keys = self._by_dir.get((source, prefix), ())
             return [self._pending[(source, key)] for key in keys]
 
+    def has_children(self, source: str, prefix: str) -> bool:
+        """Whether any key directly under `prefix` has a pending state (no list made)."""
+        return (source, prefix) in self._by_dir
+
     def child_markers(self, source: str, prefix: str) -> list[Pending]:
         """Pending states of the directory markers directly under `prefix`."""
         with self.lock:
