@@ -445,6 +445,36 @@ def test_a_lost_nodes_deletes_and_renames_are_replayed_in_order(cluster):
     assert "took over node a (drained)" in run_avafs("status", str(cluster.mounts["b"])).stdout
 
 
+def test_a_take_over_copies_a_renamed_file_before_its_source_changes(cluster):
+    """Node A renames files the origin has, moves another file onto one's old name, then gives
+    the renamed files other attributes, which stages their copies again after the records that
+    delete or replace their sources; then it dies. The take-over copies each renamed file
+    before it deletes or replaces its source, as A's own uploader would have."""
+    origin = cluster.origin
+    for name in ("one", "two", "three"):
+        (origin / name).write_bytes(name.encode() * 1000)
+    cluster.node("b")
+    node_a = cluster.node("a")
+    os.rename(node_a / "one", node_a / "one-renamed")
+    os.rename(node_a / "two", node_a / "one")            # replaces the renamed file's source
+    os.rename(node_a / "three", node_a / "three-renamed")  # deletes its source
+    for name in ("one-renamed", "three-renamed"):
+        os.chmod(node_a / name, 0o640)
+    expected = {"one-renamed": b"one" * 1000, "one": b"two" * 1000,
+                "three-renamed": b"three" * 1000}
+    assert tree(node_a) == expected
+    deadline = time.monotonic() + 30
+    while (status := cluster.status("a"))["unstaged"]:
+        assert time.monotonic() < deadline, status
+        time.sleep(0.1)
+    assert status["durable_in"] == "cluster", status
+
+    killed = cluster.kill("a")
+    wait_for_tree(origin, expected, killed + TTL + 30)
+    for name in ("one-renamed", "three-renamed"):
+        assert (origin / name).stat().st_mode & 0o777 == 0o640
+
+
 def test_past_the_staging_limit_writers_wait_until_uploads_drain(cluster, s3_mount, s3_server,
                                                                  bucket, proxy, tmp_path):
     """--cluster-staging-limit 4MiB, an origin behind a slow link and no write-back delay to

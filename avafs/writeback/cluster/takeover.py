@@ -7,7 +7,8 @@ expires and etcd deletes both. The `avafs-cluster-watch` thread of every other d
 nodes that have records but no owner and tries to create their owner key bound to its own lease,
 in one etcd transaction that succeeds only where the key is absent: exactly one daemon wins and
 drains that queue (`drain`), uploading each key's last record from its staging object to the
-origin in record order, settling each record as its upload lands, then deleting the owner key.
+origin in record order (a copy ahead of what changes the key it reads), settling each record
+as its upload lands, then deleting the owner key.
 A taker that dies part way loses the owner key with its lease, and another daemon takes over
 where it stopped (an upload done twice is idempotent: the same bytes).
 
@@ -103,9 +104,9 @@ class Takeover:
 def drain(queue: ClusterQueue, node: str, open_origin: OpenOrigin, still_owner: Callable[[], bool],
           progress: Takeover, only: set[str] | None = None,
           keep_keys: set[tuple[str, str]] = frozenset()) -> None:
-    """Apply `node`'s records (those in `only`, if given) to the origin in record order, the
-    last record of each key only (an upload, a deletion or a copy), settling each as it
-    lands, until none is left; retried with backoff while `still_owner()` holds. Keys in
+    """Apply `node`'s records (those in `only`, if given) to the origin in record order, each
+    copy ahead of what changes the key it reads (`_copies_first`), the last record of each key
+    only (an upload, a deletion or a copy), settling each as it lands, until none is left; retried with backoff while `still_owner()` holds. Keys in
     `keep_keys` have a newer state on this node: their records are settled without an upload.
     A staging object goes with the last record that names it. Raises QueueLost."""
     delay = _RETRY_FIRST
@@ -119,11 +120,15 @@ def drain(queue: ClusterQueue, node: str, open_origin: OpenOrigin, still_owner: 
                 break
             naming = Counter(record.token for record in every)
             last = {(record.source_url, record.key): record.id for record in records}
-            for record in records:
+            applied = [record for record in records
+                       if last[(record.source_url, record.key)] == record.id and
+                       (record.source_url, record.key) not in keep_keys]
+            applied_ids = {record.id for record in applied}
+            settled_only = [record for record in records if record.id not in applied_ids]
+            for record in settled_only + _copies_first(applied):
                 if not still_owner():
                     raise QueueLost(node)
-                if last[(record.source_url, record.key)] == record.id and \
-                        (record.source_url, record.key) not in keep_keys:
+                if record.id in applied_ids:
                     _apply(queue, node, record, open_origin)
                     progress.files += 1
                     progress.bytes += record.size if record.kind == DATA else 0
@@ -144,6 +149,35 @@ def drain(queue: ClusterQueue, node: str, open_origin: OpenOrigin, still_owner: 
             queue.sweep(node)
         except Exception as error:  # noqa: BLE001 - garbage only: the next take-over sweeps
             log.info("take-over of node %s: staging objects not swept: %s", node, error)
+
+
+def _copies_first(records: list[Record]) -> list[Record]:
+    """`records` (one per key, oldest commit first) with every copy ahead of the record of the
+    key it reads, which deletes or replaces that key's version in the origin: the order a
+    node's own uploader keeps (a rename's deletion waits for its copy, a new state of a key
+    for the copies reading it). Record order alone does not: a copy staged again later (its
+    attributes changed, or staged twice at once) has a newer id than its source's deletion.
+    Copies that read each other's keys in a cycle keep record order among themselves."""
+    readers: dict[tuple[str, str], list[Record]] = {}
+    for record in records:
+        if record.kind == COPY and record.copy_from != record.key:
+            readers.setdefault((record.source_url, record.copy_from), []).append(record)
+    ordered: list[Record] = []
+    placed: set[str] = set()
+    for first in records:
+        stack = [(first, False)]
+        while stack:
+            record, ready = stack.pop()
+            if ready:
+                ordered.append(record)
+                continue
+            if record.id in placed:
+                continue
+            placed.add(record.id)
+            stack.append((record, True))
+            stack.extend((reader, False) for reader in
+                         reversed(readers.get((record.source_url, record.key), [])))
+    return ordered
 
 
 def _apply(queue: ClusterQueue, node: str, record: Record, open_origin: OpenOrigin) -> None:
