@@ -74,6 +74,10 @@ class Pending:
     """The (source, key) the upload in flight writes: a rename may move the entry meanwhile."""
     awaited: bool = False
     """A close() waits for this upload (--writeback sync): upload it though still open."""
+    copy_in: bool = False
+    """A copy whose source is changed by a state that waits, through other copies, for this
+    copy (files swapped by renames): the uploader copies the source's version into a data
+    file instead (`WriteBack.copy_in_source`), which ends the cycle."""
     mtime_set: bool = False
     """The mtime was set (utime, touch) since the last write: a stream begun while the file
     was written carries no mtime, and then needs the copy that sets it."""

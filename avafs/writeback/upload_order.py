@@ -5,7 +5,9 @@ Order: least recently changed first. A state is uploadable once it is committed 
 its writers closed it (unless a close waits for it, under --writeback sync), and the
 write-back delay passed since its last change (no delay past the dirty watermark, under
 --writeback sync or during a flush), after the states it waits for (`wait_for`: a rename's
-delete waits for its copy) and once no other upload of its key is in flight.
+delete waits for its copy; any new state of a key waits for the copies reading it) and once no
+other upload of its key is in flight. Copies that wait for each other (files swapped by
+renames) are ended by copying one source in as data (`_copies_in_a_cycle`).
 
 Failures: an upload that may succeed later is retried with exponential backoff (one second,
 doubling, at most 30 s) for as long as the daemon runs, and stays in the journal across
@@ -60,12 +62,34 @@ class UploadOrder:
                         entry.set_aside is not None:
                     continue
                 if any((entry.source, other) in self._pending for other in entry.wait_for) or \
-                        self._read_by_other_copies(entry) or slot in self._in_flight:
-                    continue  # e.g. a new file of a name renamed away, before its copy lands
+                        slot in self._in_flight:
+                    continue  # e.g. a rename's deletion, before its copy lands
+                entry.copy_in = False
+                if self._read_by_other_copies(entry):
+                    if not self._copies_in_a_cycle(entry):
+                        continue  # e.g. a new file of a name renamed away, before its copy lands
+                    entry.copy_in = True
                 entry.uploading, entry.upload_slot = True, slot
                 self._in_flight[slot] += 1
                 return entry
             return None
+
+    def _copies_in_a_cycle(self, entry: Pending) -> bool:
+        """Whether `entry`, a state that copies read, is a copy that reads, through the keys
+        other pending copies read, its own key: files the store has swapped by renames (a to
+        t, b to a, t to b), where each copy waits for the other and none would ever go. The
+        walk follows one key per step, as each key has one state (call with the lock held)."""
+        if entry.kind != COPY or entry.copy_from == entry.key:
+            return False  # a change of attributes waits for the copies reading its version
+        seen = {entry.key}
+        key = entry.copy_from
+        while key not in seen:
+            seen.add(key)
+            other = self._pending.get((entry.source, key))
+            if other is None or other.kind != COPY or other.copy_from == other.key:
+                return False
+            key = other.copy_from
+        return key == entry.key
 
     def _upload_ended(self, entry: Pending) -> None:
         """The uploader is done with `entry` (call with the lock held); a state of its key

@@ -19,6 +19,7 @@ import time
 from typing import BinaryIO
 
 from ..errors import ObjectChangedError, StoreError
+from ..objects import ObjectRef
 from ..stores.base import ObjectStore
 from ..stores.metadata import Attrs
 from .file_views import FileView
@@ -102,6 +103,9 @@ class Uploader:
         if entry.kind == DELETED:
             store.delete(entry.key)
             return None
+        if entry.kind == COPY and entry.copy_in:
+            self._copy_in_source(store, entry, generation)
+            return None  # not settled: a DATA state now, uploaded once its turn comes
         if entry.kind == COPY:
             with self.streams.intent(store, entry.source, entry.key, entry.size):
                 try:
@@ -136,6 +140,19 @@ class Uploader:
         with open(path, "rb") as file:
             return store.put(entry.key, GuardedReader(file, entry, generation), entry.size,
                              entry.mtime, attrs)
+
+    def _copy_in_source(self, store: ObjectStore, entry: Pending, generation: int) -> None:
+        """Make the copy a DATA state of its source's version with what the copy would have
+        carried: its own attributes, else the source's, read from the store."""
+        mtime, attrs = entry.mtime, entry.attrs
+        if attrs is None:
+            source = store.head(entry.copy_from)
+            if source is None or source.etag != entry.copy_etag:
+                raise ObjectChangedError(f"{entry.copy_from!r} changed before its copy to "
+                                         f"{entry.key!r}")
+            mtime, attrs = source.mtime, source.attrs or Attrs()
+        self.writeback.copy_in_source(entry, generation, ObjectRef(
+            entry.source, store, entry.copy_from, entry.copy_etag, entry.size), mtime, attrs)
 
     @staticmethod
     def _reapply_attributes(store: ObjectStore, entry: Pending):

@@ -75,6 +75,31 @@ class FileWrites:
             self._account()
             return entry
 
+    def copy_in_source(self, entry: Pending, generation: int, base: ObjectRef, mtime: float,
+                       attrs: Attrs) -> None:
+        """Make the copy `entry` (as of `generation`) a DATA state holding its source's
+        version `base`, read now, with `mtime` and `attrs`: the source's own state then no
+        longer waits for it, which ends a cycle of copies (`UploadOrder.next_ready` asks for
+        this). Blocks while the tiers read it; journaled before it returns. Left as it was if
+        the state changed meanwhile."""
+        name = self._copy_in(base)
+        with self.lock:
+            if self._pending.get(entry.slot) is not entry or entry.generation != generation \
+                    or entry.kind != COPY:
+                (self.data_dir / name).unlink(missing_ok=True)
+                return
+            self._count_copy(entry, -1)
+            entry.kind, entry.file, entry.copy_from, entry.copy_etag = DATA, name, None, None
+            entry.copy_in, entry.mtime, entry.attrs = False, mtime, attrs
+            entry.generation += 1
+            entry.staged_data_current = False
+            self._file_refs[name] += 1
+            self._charge(entry)
+            self._account()
+            ticket = self.journal.submit([entry])
+            self._wake_uploader(2)
+        self.journal.wait(ticket)
+
     def wrote(self, entry: Pending, start: int, end: int) -> None:
         """Account a write of bytes `start` to `end` (called before the data is written, so an
         upload in flight can tell its snapshot is stale)."""

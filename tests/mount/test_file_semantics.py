@@ -254,6 +254,36 @@ def test_renames_of_a_clean_file_before_their_copies_land(s3_server, bucket, s3_
     assert store_bytes(s3_server, bucket, "c") == b"renamed twice"
 
 
+def test_files_swapped_by_renames_before_their_copies_land(s3_server, bucket, s3_mount):
+    """mv a t; mv b a; mv t b (three files rotated the same way, two directories swapped
+    too): each pending copy reads the key the other one changes, so neither could go first.
+    The uploader copies one source in and uploads it as data: the store ends as the mount
+    shows it, flush returns, and each file keeps its attributes (in the directories, never
+    read by the mount: the source's mode and mtime from its metadata)."""
+    client = s3_server.client()
+    modes = {"a": 0o640, "b": 0o600, "x": 0o644, "y": 0o644, "z": 0o604, "p/f": 0o640,
+             "q/f": 0o600}
+    for name, mode in modes.items():
+        client.put_object(Bucket=bucket, Key=name, Body=f"was {name}".encode() * 400_000,
+                          Metadata={"mode": str(0o100000 | mode), "mtime": "1000000000.5"})
+    mnt = s3_mount("--writeback-delay", "3600")
+    for old, new in (("a", "t"), ("b", "a"), ("t", "b"), ("x", "t"), ("z", "x"), ("y", "z"),
+                     ("t", "y"), ("p", "t"), ("q", "p"), ("t", "q")):
+        os.rename(mnt / old, mnt / new)
+    was = {"a": "b", "b": "a", "x": "z", "y": "x", "z": "y", "p/f": "q/f", "q/f": "p/f"}
+    expected = {name: f"was {old}".encode() * 400_000 for name, old in was.items()}
+    assert {name: (mnt / name).read_bytes() for name in expected} == expected
+    assert Client(mnt).flush(timeout=60)["upload_queue"] == 0
+    assert store_keys(s3_server, bucket) == set(expected) | {"p/", "q/"}  # their markers
+    for name, data in expected.items():
+        assert store_bytes(s3_server, bucket, name) == data
+    metadata = {name: client.head_object(Bucket=bucket, Key=name)["Metadata"]
+                for name in expected}
+    assert {name: int(meta["mode"]) & 0o777 for name, meta in metadata.items()} == \
+        {name: modes[old] for name, old in was.items()}
+    assert {float(meta["mtime"]) for meta in metadata.values()} == {1000000000.5}
+
+
 def test_file_opened_while_its_rename_is_copied_reads_on_after_the_copy(s3_server, bucket,
                                                                         s3_mount):
     data = payload(5, 6 * MiB)
