@@ -197,12 +197,15 @@ class ClusterQueue:
 
     def new_record(self, source_url: str, key: str, size: int, mtime: float,
                    attrs: Attrs | None, kind: str = DATA, copy_from: str | None = None,
-                   copy_etag: str | None = None, staged_object: str | None = None) -> Record:
-        """A record committed now; its staging object is `staged_object` (a name from
+                   copy_etag: str | None = None, staged_object: str | None = None,
+                   made: int | None = None) -> Record:
+        """A record of a state as it was at `made` (`time.time_ns()`, now if None), which
+        orders it among the key's records; its staging object is `staged_object` (a name from
         `new_staging_object`, or the object of an earlier record that still holds the data),
         or a fresh one."""
         token = (staged_object or self.new_staging_object()).rsplit("/", 1)[-1]
-        return Record(f"{time.time_ns():020d}-{token}", source_url, key, size, mtime,
+        made = time.time_ns() if made is None else made
+        return Record(f"{made:020d}-{token}", source_url, key, size, mtime,
                       None if attrs is None else tuple(attrs.fields()), kind,
                       copy_from, copy_etag)
 

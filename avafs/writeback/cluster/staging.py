@@ -6,6 +6,7 @@ runs holding no lock; what it adopts into a state is adopted under `WriteBack.lo
 from __future__ import annotations
 
 import logging
+import time
 
 from ..pending import DATA, Pending
 from .queue import ClusterQueue, Record, StagingFailed, token_of
@@ -57,6 +58,9 @@ class ClusterStaging:
             if record is None and not self.hold_file(entry.file):
                 return None
             name, size, mtime, attrs = entry.file, entry.size, entry.mtime, entry.attrs
+            # Timed under the lock: two commits of one file staging at once (two descriptors'
+            # fsyncs) order their records as their generations, whichever is sent first.
+            made = time.time_ns()
         if record is not None:
             try:
                 self.cluster.stage(record)
@@ -67,7 +71,7 @@ class ClusterStaging:
             streamed = None if self.cluster_streams is None else \
                 self.cluster_streams.complete(entry, generation)
             record = self.cluster.new_record(self.source_urls[entry.source], key, size, mtime,
-                                             attrs, staged_object=streamed)
+                                             attrs, staged_object=streamed, made=made)
             self.cluster.stage(record, None if streamed else self.data_dir / name)
         except StagingFailed:
             return None

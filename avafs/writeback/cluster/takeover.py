@@ -106,9 +106,10 @@ def drain(queue: ClusterQueue, node: str, open_origin: OpenOrigin, still_owner: 
           keep_keys: set[tuple[str, str]] = frozenset()) -> None:
     """Apply `node`'s records (those in `only`, if given) to the origin in record order, each
     copy ahead of what changes the key it reads (`_copies_first`), the last record of each key
-    only (an upload, a deletion or a copy), settling each as it lands, until none is left; retried with backoff while `still_owner()` holds. Keys in
-    `keep_keys` have a newer state on this node: their records are settled without an upload.
-    A staging object goes with the last record that names it. Raises QueueLost."""
+    only (an upload, a deletion or a copy), settling each as it lands, until none is left;
+    retried with backoff while `still_owner()` holds. Keys in `keep_keys` have a newer state
+    on this node: their records are settled without an upload. A staging object goes with the
+    last record that names it. Raises QueueLost."""
     delay = _RETRY_FIRST
     while True:
         if not still_owner():
