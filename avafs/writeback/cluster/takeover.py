@@ -158,7 +158,9 @@ def _copies_first(records: list[Record]) -> list[Record]:
     node's own uploader keeps (a rename's deletion waits for its copy, a new state of a key
     for the copies reading it). Record order alone does not: a copy staged again later (its
     attributes changed, or staged twice at once) has a newer id than its source's deletion.
-    Copies that read each other's keys in a cycle keep record order among themselves."""
+    Copies that read each other's keys in a cycle (files swapped by renames, which the lost
+    node had not ended yet: upload_order.py) come out once each, and the last of them finds
+    its source changed."""
     readers: dict[tuple[str, str], list[Record]] = {}
     for record in records:
         if record.kind == COPY and record.copy_from != record.key:
