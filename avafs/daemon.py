@@ -343,24 +343,17 @@ def serve(options: MountOptions, mountpoint: Path, ready_fd: int | None) -> int:
     return 0
 
 
-YOUNG_OBJECTS_PER_COLLECTION = 50_000
-"""Container objects made (net) between two collections of the youngest generation."""
-
-
 def spare_the_cycle_collector() -> None:
-    """Keep Python's cycle collector off the request path once the mount is set up.
+    """Keep Python's cycle collector from walking, between requests, what the set-up left.
 
-    Serving requests makes and drops container objects (futures, tuples, frames of
-    coroutines) by the hundred per request, nearly all freed by reference counting. At the
-    default thresholds that still runs a young collection every 700 of them, and the older
-    generations' collections walk everything the set-up left alive (the store clients'
-    service models, the configuration, imported modules: about a hundred thousand objects
-    that live as long as the daemon). Those are frozen (`gc.freeze`: never walked again,
-    still freed by reference counting), and a young collection waits for many more objects;
-    cyclic garbage is still collected, later."""
+    Serving requests makes and drops container objects (futures, tuples, coroutine frames) by
+    the hundred per request, so young collections run all the time, and each tenth of them
+    walks the next generation, where the set-up left about a hundred thousand objects that
+    live as long as the daemon (the store clients' service models, the configuration,
+    imported modules). Those are frozen (`gc.freeze`: never walked again, still freed by
+    reference counting); what requests make is collected as before."""
     gc.collect()
     gc.freeze()
-    gc.set_threshold(YOUNG_OBJECTS_PER_COLLECTION, 20, 20)
 
 
 def widen_kernel_read_ahead(mountpoint: Path, size: int) -> None:
