@@ -25,6 +25,7 @@ from .cluster import ClusterTier
 from .disk import DiskTier
 from .evictor import Evictor
 from .ram import RamTier
+from .slots import FetchSlots
 from .write_behind import WriteBehind
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ class Fetches:
         self.metrics = metrics
         self._evictor = evictor
         slots = max(1, inflight_memory // block_size)
-        self.slots = threading.BoundedSemaphore(slots)
+        self.slots = FetchSlots(slots)
         """Fetch slots: `--inflight-memory / --block-size` loads or streams at once."""
         self.pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="avafs-fetch")
         """The fetch pool: a thread for every slot, so work holding a slot never queues."""

@@ -186,26 +186,18 @@ class TierStack:
     async def fetch_absent_small(self, refs: list[ObjectRef]
                                  ) -> list[bytes | AvafsError | OSError | None]:
         """Each whole one-block object's bytes from its one GET sent from this loop, side by
-        side (`_fetch_small`), or the error that GET gave; None for one fetched elsewhere
-        meanwhile, which the caller reads as before. Those that found no fetch slot free are
-        tried again once the others have landed, for as long as each round fetches some: a
-        GET from here costs less than the caller's in a thread, even a little later."""
-        results: list[bytes | AvafsError | OSError | None] = [None] * len(refs)
-        waiting = list(range(len(refs)))
-        while waiting:
-            answers = await asyncio.gather(
-                *(self._fetch_small(refs[position], 0, refs[position].size)
-                  for position in waiting), return_exceptions=True)
-            for position, answer in zip(waiting, answers, strict=True):
-                if isinstance(answer, BaseException) and \
-                        not isinstance(answer, (AvafsError, OSError)):
-                    raise answer
-                results[position] = answer
-            if all(answer is None for answer in answers):
-                break
-            waiting = [position for position, answer in zip(waiting, answers, strict=True)
-                       if answer is None and self._absent_small(refs[position])]
-        return results
+        side, or the error that GET gave; None for one fetched elsewhere meanwhile, which the
+        caller reads as before. A GET that finds every fetch slot taken waits here for one
+        (`FetchSlots.acquire_async`): from this loop it costs less than the caller's in a
+        thread, even a little later, and the thread would wait for a slot as well."""
+        answers = await asyncio.gather(
+            *(self._fetch_small(ref, 0, ref.size, wait_for_slot=True) for ref in refs),
+            return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, BaseException) and \
+                    not isinstance(answer, (AvafsError, OSError)):
+                raise answer
+        return answers
 
     def _release(self, ref: ObjectRef, indices: range) -> None:
         """Its reader has gone past these blocks: those a stream brought into RAM leave it,
@@ -269,20 +261,22 @@ class TierStack:
                 and block not in self._fetches and block not in self._fresh:
             self.disk.expect_read(block)
 
-    async def _fetch_small(self, ref: ObjectRef, offset: int, size: int) -> bytes | None:
+    async def _fetch_small(self, ref: ObjectRef, offset: int, size: int,
+                           wait_for_slot: bool = False) -> bytes | None:
         """The bytes of a one-block object that neither tier holds (`_read_small` said None):
         the GET is the store's `get_range_async` (sent from the loop itself where the store
         can, else from a fetch thread), and the block is cached from the caller's loop,
         which costs less than the whole of `read` in a thread (docs/optimization-history.md,
         "The layout step"). None when the block got cached or began loading meanwhile, or no fetch
-        slot is free: then `read`, in a thread, waits for it. The block stays small
+        slot is free and the caller would not wait for one (`wait_for_slot`): then `read`,
+        in a thread, waits for it. The block stays small
         (INLINE_DISK_READ) because its disk write happens on the loop. With a cluster tier,
         whose requests block, None: `read` looks there first, in a thread."""
         async def get() -> tuple[bytes, None]:
             return await ref.store.get_range_async(ref.key, 0, ref.size, ref.etag,
                                                    self._fetches.pool), None
 
-        fetched = await self._fetch_alone(ref, get)
+        fetched = await self._fetch_alone(ref, get, wait_for_slot)
         return None if fetched is None else self._slice([fetched[0]], offset, size, ref)
 
     async def fetch_described(self, listed: ObjectInfo, ref: ObjectRef) -> ObjectInfo | None:
@@ -301,14 +295,16 @@ class TierStack:
         return fetched[1]
 
     async def _fetch_alone(self, ref: ObjectRef,
-                           get: Callable[[], Awaitable[tuple[bytes, T]]]
-                           ) -> tuple[bytes, T] | None:
+                           get: Callable[[], Awaitable[tuple[bytes, T]]],
+                           wait_for_slot: bool = False) -> tuple[bytes, T] | None:
         """`get()`'s answer, its bytes (the whole of `ref`) delivered as the block's load, the
         loop's own, under a fetch slot: see `_fetch_small` for when this is None."""
         if not self._fetches.is_small(ref) or self.cluster is not None:
             return None
         block = ref.block(0)
-        if not self._fetches.slots.acquire(blocking=False):
+        if wait_for_slot:
+            await self._fetches.slots.acquire_async()
+        elif not self._fetches.slots.acquire(blocking=False):
             return None
         claimed = self._fetches.claim_run([block], 1)
         if not claimed:

@@ -169,6 +169,28 @@ def test_a_batch_fetches_its_cold_small_objects_on_the_loop(tmp_path, stack):
     assert all(ref.block(0) in stack.disk for ref in refs[:6])
 
 
+def test_a_batch_whose_fetch_slots_are_all_taken_waits_for_them_on_the_loop(tmp_path, stack):
+    """Other fetches hold every slot when the batch starts: its GETs wait on the loop for the
+    slots they free and go from there, none from the batch's thread."""
+    store, contents = _objects(tmp_path, {f"s{n}": 5_000 + n for n in range(40)})
+    refs = _refs(store, contents)
+    slots = stack._fetches.slots
+    held = 0
+    while slots.acquire(blocking=False):
+        held += 1
+    assert 0 < held < len(refs)
+    served = _ServedLoop(stack.request_loop)
+    releaser = threading.Timer(0.2, lambda: [slots.release() for _ in range(held)])
+    releaser.start()
+    try:
+        assert stack.read_whole(refs) == list(contents.values())
+    finally:
+        releaser.join()
+        served.stop()
+    assert store.async_threads == [served.thread.ident] * len(refs)
+    assert store.read_in_threads == set()
+
+
 def test_a_batch_reports_the_error_of_a_cold_object_fetched_on_the_loop(tmp_path, stack):
     store, contents = _objects(tmp_path, {"kept": 5_000, "replaced": 6_000})
     refs = _refs(store, contents)
