@@ -134,6 +134,15 @@ class ObjectStore(ABC):
     def head(self, key: str) -> ObjectInfo | None:
         """The object's current metadata, or None if there is no such object."""
 
+    def copied_attributes(self, key: str, etag: str) -> tuple[float, Attrs]:
+        """The mtime and attributes that a copy of version `etag` of `key` carries (as `copy`
+        without `mtime` gives them), for one who sends the copy's bytes itself. Raises
+        ObjectChangedError if the store holds another version or none."""
+        found = self.head(key)
+        if found is None or found.etag != etag:
+            raise ObjectChangedError(f"{self.url}{key} changed before its copy")
+        return found.mtime, found.attrs or Attrs()
+
     def head_quickly(self, key: str) -> ObjectInfo | None:
         """`head` for an answer the caller can do without (a file's attributes on its first
         stat): few retries and short timeouts where the store has them, so a store that is

@@ -146,11 +146,7 @@ class Uploader:
         carried: its own attributes, else the source's, read from the store."""
         mtime, attrs = entry.mtime, entry.attrs
         if attrs is None:
-            source = store.head(entry.copy_from)
-            if source is None or source.etag != entry.copy_etag:
-                raise ObjectChangedError(f"{entry.copy_from!r} changed before its copy to "
-                                         f"{entry.key!r}")
-            mtime, attrs = source.mtime, source.attrs or Attrs()
+            mtime, attrs = store.copied_attributes(entry.copy_from, entry.copy_etag)
         self.writeback.copy_in_source(entry, generation, ObjectRef(
             entry.source, store, entry.copy_from, entry.copy_etag, entry.size), mtime, attrs)
 

@@ -475,6 +475,36 @@ def test_a_take_over_copies_a_renamed_file_before_its_source_changes(cluster):
         assert (origin / name).stat().st_mode & 0o777 == 0o640
 
 
+def test_a_take_over_ends_a_cycle_of_copies_the_lost_node_left(cluster):
+    """Node A swaps files the origin has by renames (two, and a rotation of three), gives one
+    of them another mode, and dies before its uploader ended the cycles of copies this leaves
+    (each file's copy reads a key another copy replaces). The taker reads one source of each
+    cycle before it applies anything, so every file reaches the origin with its new bytes."""
+    origin = cluster.origin
+    contents = {"x": b"x" * 3000, "y": b"y" * 20, "p": b"p" * 100, "q": b"q" * 5000,
+                "r": b"r"}
+    for name, data in contents.items():
+        (origin / name).write_bytes(data)
+    cluster.node("b")
+    node_a = cluster.node("a")
+    for source, target in (("x", "t"), ("y", "x"), ("t", "y"),
+                           ("p", "t"), ("q", "p"), ("r", "q"), ("t", "r")):
+        os.rename(node_a / source, node_a / target)
+    os.chmod(node_a / "y", 0o600)
+    expected = {"x": contents["y"], "y": contents["x"], "p": contents["q"],
+                "q": contents["r"], "r": contents["p"]}
+    assert tree(node_a) == expected
+    deadline = time.monotonic() + 30
+    while (status := cluster.status("a"))["unstaged"]:
+        assert time.monotonic() < deadline, status
+        time.sleep(0.1)
+    assert status["durable_in"] == "cluster", status
+
+    killed = cluster.kill("a")
+    wait_for_tree(origin, expected, killed + TTL + 30)
+    assert (origin / "y").stat().st_mode & 0o777 == 0o600
+
+
 def test_past_the_staging_limit_writers_wait_until_uploads_drain(cluster, s3_mount, s3_server,
                                                                  bucket, proxy, tmp_path):
     """--cluster-staging-limit 4MiB, an origin behind a slow link and no write-back delay to

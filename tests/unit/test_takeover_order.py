@@ -1,11 +1,13 @@
 """The order a take-over applies a lost node's records in (`takeover._copies_first`): each copy
 ahead of whatever deletes or replaces the key it reads, whatever order the records were made
-in; copies that read each other's keys in a cycle come out once each."""
+in; copies that read each other's keys in a cycle come out once each, and those of them that
+come after their source's replacement are the ones whose sources are saved first
+(`_copies_of_replaced_keys`)."""
 
 from __future__ import annotations
 
 from avafs.writeback.cluster.queue import Record
-from avafs.writeback.cluster.takeover import _copies_first
+from avafs.writeback.cluster.takeover import _copies_first, _copies_of_replaced_keys
 from avafs.writeback.pending import COPY, DATA, DELETED
 
 ORIGIN = "file:///origin"
@@ -44,3 +46,14 @@ def test_copies_that_read_each_others_keys_come_out_once_each():
     ordered = _copies_first(records)
     assert sorted(keys(ordered)) == sorted(keys(records))
     assert keys(ordered) == ["copy:b", "copy:a", "deleted:t"]
+
+
+def test_the_copy_of_a_cycle_that_comes_after_its_sources_replacement_is_named():
+    records = [record(1, "a", COPY, "b"), record(2, "b", COPY, "a"), record(3, "t", DELETED)]
+    assert keys(_copies_of_replaced_keys(_copies_first(records))) == ["copy:a"]
+
+
+def test_no_copy_is_named_where_every_copy_goes_ahead_of_its_source():
+    records = [record(1, "three", DELETED), record(2, "two", COPY, "three"),
+               record(3, "one", COPY, "two"), record(4, "same", COPY, "same")]
+    assert _copies_of_replaced_keys(_copies_first(records)) == []

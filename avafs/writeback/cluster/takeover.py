@@ -7,8 +7,9 @@ expires and etcd deletes both. The `avafs-cluster-watch` thread of every other d
 nodes that have records but no owner and tries to create their owner key bound to its own lease,
 in one etcd transaction that succeeds only where the key is absent: exactly one daemon wins and
 drains that queue (`drain`), uploading each key's last record from its staging object to the
-origin in record order (a copy ahead of what changes the key it reads), settling each record
-as its upload lands, then deleting the owner key.
+origin in record order (a copy ahead of what changes the key it reads; the copies of a cycle
+that cannot be, from their sources saved first), settling each record as its upload lands,
+then deleting the owner key.
 A taker that dies part way loses the owner key with its lease, and another daemon takes over
 where it stopped (an upload done twice is idempotent: the same bytes).
 
@@ -46,12 +47,15 @@ from __future__ import annotations
 
 import io
 import logging
+import tempfile
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
 from ...errors import AvafsError, ObjectChangedError, StoreError
 from ...metrics import Metrics
@@ -103,48 +107,56 @@ class Takeover:
 
 def drain(queue: ClusterQueue, node: str, open_origin: OpenOrigin, still_owner: Callable[[], bool],
           progress: Takeover, only: set[str] | None = None,
-          keep_keys: set[tuple[str, str]] = frozenset()) -> None:
+          keep_keys: set[tuple[str, str]] = frozenset(), spill_dir: Path | None = None) -> None:
     """Apply `node`'s records (those in `only`, if given) to the origin in record order, each
     copy ahead of what changes the key it reads (`_copies_first`), the last record of each key
     only (an upload, a deletion or a copy), settling each as it lands, until none is left;
     retried with backoff while `still_owner()` holds. Keys in `keep_keys` have a newer state
     on this node: their records are settled without an upload. A staging object goes with the
-    last record that names it. Raises QueueLost."""
+    last record that names it. The sources of copies in a cycle are saved in temporary files
+    in `spill_dir` (the system's temporary directory if None) before the first pass applies
+    anything, and kept for the passes after it (`_save_sources`). Raises QueueLost."""
     delay = _RETRY_FIRST
-    while True:
-        if not still_owner():
-            raise QueueLost(node)
-        try:
-            every = queue.records(node)
-            records = [record for record in every if only is None or record.id in only]
-            if not records:
-                break
-            naming = Counter(record.token for record in every)
-            last = {(record.source_url, record.key): record.id for record in records}
-            applied = [record for record in records
-                       if last[(record.source_url, record.key)] == record.id and
-                       (record.source_url, record.key) not in keep_keys]
-            applied_ids = {record.id for record in applied}
-            settled_only = [record for record in records if record.id not in applied_ids]
-            for record in settled_only + _copies_first(applied):
-                if not still_owner():
-                    raise QueueLost(node)
-                if record.id in applied_ids:
-                    _apply(queue, node, record, open_origin)
-                    progress.files += 1
-                    progress.bytes += record.size if record.kind == DATA else 0
-                naming[record.token] -= 1
-                queue.settle(node, record.id, delete_object=naming[record.token] == 0)
-                progress.settled += 1
-            delay = _RETRY_FIRST
-            progress.error = None
-        except QueueLost:
-            raise
-        except Exception as error:  # noqa: BLE001 - retried for as long as this daemon owns it
-            progress.error = str(error)
-            log.warning("take-over of node %s: %s; retrying in %.1fs", node, error, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, _RETRY_LAST)
+    with ExitStack() as spills:
+        saved: dict[str, _SavedSource] | None = None
+        while True:
+            if not still_owner():
+                raise QueueLost(node)
+            try:
+                every = queue.records(node)
+                records = [record for record in every if only is None or record.id in only]
+                if not records:
+                    break
+                naming = Counter(record.token for record in every)
+                last = {(record.source_url, record.key): record.id for record in records}
+                applied = [record for record in records
+                           if last[(record.source_url, record.key)] == record.id and
+                           (record.source_url, record.key) not in keep_keys]
+                applied_ids = {record.id for record in applied}
+                settled_only = [record for record in records if record.id not in applied_ids]
+                ordered = _copies_first(applied)
+                if saved is None:  # once: a later pass finds the sources replaced already
+                    saved = spills.enter_context(_save_sources(
+                        _copies_of_replaced_keys(ordered), open_origin, node, spill_dir))
+                for record in settled_only + ordered:
+                    if not still_owner():
+                        raise QueueLost(node)
+                    if record.id in applied_ids:
+                        _apply(queue, node, record, open_origin, saved.get(record.id))
+                        progress.files += 1
+                        progress.bytes += record.size if record.kind == DATA else 0
+                    naming[record.token] -= 1
+                    queue.settle(node, record.id, delete_object=naming[record.token] == 0)
+                    progress.settled += 1
+                delay = _RETRY_FIRST
+                progress.error = None
+            except QueueLost:
+                raise
+            except Exception as error:  # noqa: BLE001 - retried for as long as this daemon owns it
+                progress.error = str(error)
+                log.warning("take-over of node %s: %s; retrying in %.1fs", node, error, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, _RETRY_LAST)
     if only is None:
         try:
             queue.sweep(node)
@@ -159,8 +171,8 @@ def _copies_first(records: list[Record]) -> list[Record]:
     for the copies reading it). Record order alone does not: a copy staged again later (its
     attributes changed, or staged twice at once) has a newer id than its source's deletion.
     Copies that read each other's keys in a cycle (files swapped by renames, which the lost
-    node had not ended yet: upload_order.py) come out once each, and the last of them finds
-    its source changed."""
+    node had not ended yet: upload_order.py) come out once each, and the last of them comes
+    after the record that replaces its source (`_copies_of_replaced_keys`)."""
     readers: dict[tuple[str, str], list[Record]] = {}
     for record in records:
         if record.kind == COPY and record.copy_from != record.key:
@@ -183,11 +195,90 @@ def _copies_first(records: list[Record]) -> list[Record]:
     return ordered
 
 
-def _apply(queue: ClusterQueue, node: str, record: Record, open_origin: OpenOrigin) -> None:
-    """Bring the origin to what `record` says its key must become, as the uploader would."""
+def _copies_of_replaced_keys(ordered: list[Record]) -> list[Record]:
+    """The copies of `ordered` that come after a record of the key they read, which replaces
+    or deletes the version they copy: the copies of a cycle that `_copies_first` could not
+    put ahead (`mv a t; mv b a; mv t b` of files the origin has, before the node uploaded
+    it). Their sources must be read before anything is applied."""
+    written: set[tuple[str, str]] = set()
+    late: list[Record] = []
+    for record in ordered:
+        if record.kind == COPY and record.copy_from != record.key and \
+                (record.source_url, record.copy_from) in written:
+            late.append(record)
+        written.add((record.source_url, record.key))
+    return late
+
+
+@dataclass
+class _SavedSource:
+    """A copy's source version, read before the records ahead of the copy replaced it, with
+    what the copy carries."""
+
+    body: BinaryIO
+    size: int
+    mtime: float
+    attrs: Attrs
+
+
+@contextmanager
+def _save_sources(copies: list[Record], open_origin: OpenOrigin, node: str,
+                  spill_dir: Path | None) -> Iterator[dict[str, _SavedSource]]:
+    """Each copy's source version (by record id) in a temporary file, read from the origin
+    now, with the copy's attributes, else the source's; the files are removed on exit. A
+    source the origin no longer holds at that version is left out: its copy fails as it
+    would have, and is logged."""
+    saved: dict[str, _SavedSource] = {}
+    with ExitStack() as files:
+        for record in copies:
+            assert record.copy_from is not None and record.copy_etag is not None
+            origin = open_origin(record.source_url)
+            body = files.enter_context(tempfile.TemporaryFile(dir=spill_dir))
+            try:
+                if record.attrs is None:
+                    mtime, attrs = origin.copied_attributes(record.copy_from, record.copy_etag)
+                else:
+                    mtime, attrs = record.mtime, Attrs(*record.attrs)
+                source = origin.open_range(record.copy_from, 0, record.size, record.copy_etag)
+                try:
+                    _copy_exactly(source, body, record.size, record.copy_from)
+                finally:
+                    source.close()
+            except ObjectChangedError as error:
+                log.error("take-over of node %s: cannot save %r for its copy to %r: %s",
+                          node, record.copy_from, record.key, error)
+                continue
+            saved[record.id] = _SavedSource(body, record.size, mtime, attrs)
+        yield saved
+
+
+_SPILL_CHUNK = 8 << 20
+"""Bytes read from a saved source's answer at a time."""
+
+
+def _copy_exactly(source: BinaryIO, body: BinaryIO, size: int, key: str) -> None:
+    """`size` bytes from `source` into `body`; StoreError (the drain's pass is retried) for
+    an answer that ends short."""
+    left = size
+    while left:
+        chunk = source.read(min(left, _SPILL_CHUNK))
+        if not chunk:
+            raise StoreError(f"the origin's answer for {key!r} ended {left} bytes short")
+        body.write(chunk)
+        left -= len(chunk)
+
+
+def _apply(queue: ClusterQueue, node: str, record: Record, open_origin: OpenOrigin,
+           saved: _SavedSource | None = None) -> None:
+    """Bring the origin to what `record` says its key must become, as the uploader would; a
+    copy whose source was `saved` is uploaded from it."""
     origin = open_origin(record.source_url)
     if record.kind == DELETED:
         origin.delete(record.key)
+        return
+    if saved is not None:
+        saved.body.seek(0)
+        origin.put(record.key, saved.body, saved.size, saved.mtime, saved.attrs)
         return
     if record.kind == COPY:
         try:
@@ -365,7 +456,7 @@ class ClusterMember:
                keep: set[tuple[str, str]]) -> None:
         try:
             drain(self.queue, node, self.open_origin, lambda: self.holds_queue() and not
-                  self._stopping.is_set(), progress, only, keep)
+                  self._stopping.is_set(), progress, only, keep, self.writeback.data_dir)
             if node != self.queue.node:
                 self.etcd.delete(f"{self.key_root}owner/{node}")
             progress.outcome = "drained"
