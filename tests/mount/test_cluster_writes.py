@@ -379,6 +379,20 @@ def wait_for_tree(origin: Path, expected: dict[str, bytes], deadline: float) -> 
         time.sleep(0.25)
 
 
+def lose_once_staged(cluster: Cluster, name: str, mountpoint: Path,
+                     expected: dict[str, bytes]) -> None:
+    """Node `name` shows `expected`; once all of it is staged the node is killed, and a
+    take-over must bring the origin to the same tree."""
+    assert tree(mountpoint) == expected
+    deadline = time.monotonic() + 30
+    while (status := cluster.status(name))["unstaged"]:
+        assert time.monotonic() < deadline, status
+        time.sleep(0.1)
+    assert status["durable_in"] == "cluster", status
+    killed = cluster.kill(name)
+    wait_for_tree(cluster.origin, expected, killed + TTL + 30)
+
+
 def wait_for_takeovers(cluster: Cluster, name: str, count: int) -> list[dict]:
     deadline = time.monotonic() + 30
     while len(done := [t for t in cluster.status(name)["takeovers"] if t["finished"]]) < count:
@@ -462,15 +476,7 @@ def test_a_take_over_copies_a_renamed_file_before_its_source_changes(cluster):
         os.chmod(node_a / name, 0o640)
     expected = {"one-renamed": b"one" * 1000, "one": b"two" * 1000,
                 "three-renamed": b"three" * 1000}
-    assert tree(node_a) == expected
-    deadline = time.monotonic() + 30
-    while (status := cluster.status("a"))["unstaged"]:
-        assert time.monotonic() < deadline, status
-        time.sleep(0.1)
-    assert status["durable_in"] == "cluster", status
-
-    killed = cluster.kill("a")
-    wait_for_tree(origin, expected, killed + TTL + 30)
+    lose_once_staged(cluster, "a", node_a, expected)
     for name in ("one-renamed", "three-renamed"):
         assert (origin / name).stat().st_mode & 0o777 == 0o640
 
@@ -493,15 +499,7 @@ def test_a_take_over_ends_a_cycle_of_copies_the_lost_node_left(cluster):
     os.chmod(node_a / "y", 0o600)
     expected = {"x": contents["y"], "y": contents["x"], "p": contents["q"],
                 "q": contents["r"], "r": contents["p"]}
-    assert tree(node_a) == expected
-    deadline = time.monotonic() + 30
-    while (status := cluster.status("a"))["unstaged"]:
-        assert time.monotonic() < deadline, status
-        time.sleep(0.1)
-    assert status["durable_in"] == "cluster", status
-
-    killed = cluster.kill("a")
-    wait_for_tree(origin, expected, killed + TTL + 30)
+    lose_once_staged(cluster, "a", node_a, expected)
     assert (origin / "y").stat().st_mode & 0o777 == 0o600
 
 
