@@ -57,14 +57,16 @@ class FetchSlots:
         """Takes `waiter` out of the queue; if a release had already woken it, wakes the next
         one in its place."""
         with self._lock:
-            try:
+            if waiter in self._waiters:
                 self._waiters.remove(waiter)
                 return
-            except ValueError:
-                pass
         self._wake_one()
 
     def _wake_one(self) -> None:
+        # Looked at without the lock first (the common case: nobody waits); a waiter that
+        # queues itself after this look tries the semaphore once more before it waits.
+        if not self._waiters:
+            return
         with self._lock:
             if not self._waiters:
                 return
