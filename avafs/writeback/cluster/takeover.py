@@ -235,10 +235,9 @@ def _save_sources(copies: list[Record], open_origin: OpenOrigin, node: str,
             origin = open_origin(record.source_url)
             body = files.enter_context(tempfile.TemporaryFile(dir=spill_dir))
             try:
-                if record.attrs is None:
+                mtime, attrs = record.mtime, record.attributes
+                if attrs is None:
                     mtime, attrs = origin.copied_attributes(record.copy_from, record.copy_etag)
-                else:
-                    mtime, attrs = record.mtime, Attrs(*record.attrs)
                 source = origin.open_range(record.copy_from, 0, record.size, record.copy_etag)
                 try:
                     _copy_exactly(source, body, record.size, record.copy_from)
