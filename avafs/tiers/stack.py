@@ -267,11 +267,11 @@ class TierStack:
         the GET is the store's `get_range_async` (sent from the loop itself where the store
         can, else from a fetch thread), and the block is cached from the caller's loop,
         which costs less than the whole of `read` in a thread (docs/optimization-history.md,
-        "The layout step"). None when the block got cached or began loading meanwhile, or no fetch
-        slot is free and the caller would not wait for one (`wait_for_slot`): then `read`,
-        in a thread, waits for it. The block stays small
-        (INLINE_DISK_READ) because its disk write happens on the loop. With a cluster tier,
-        whose requests block, None: `read` looks there first, in a thread."""
+        "The layout step"). None when the block got cached or began loading meanwhile, or
+        no fetch slot is free and the caller would not wait for one (`wait_for_slot`): then
+        `read`, in a thread, waits for it. The block stays small (INLINE_DISK_READ) because
+        its disk write happens on the loop. With a cluster tier, whose requests block, None:
+        `read` looks there first, in a thread."""
         async def get() -> tuple[bytes, None]:
             return await ref.store.get_range_async(ref.key, 0, ref.size, ref.etag,
                                                    self._fetches.pool), None
