@@ -384,13 +384,18 @@ def lose_once_staged(cluster: Cluster, name: str, mountpoint: Path,
     """Node `name` shows `expected`; once all of it is staged the node is killed, and a
     take-over must bring the origin to the same tree."""
     assert tree(mountpoint) == expected
+    wait_staged(cluster, name)
+    killed = cluster.kill(name)
+    wait_for_tree(cluster.origin, expected, killed + TTL + 30)
+
+
+def wait_staged(cluster: Cluster, name: str) -> None:
+    """Until node `name` has staged everything it acknowledged."""
     deadline = time.monotonic() + 30
     while (status := cluster.status(name))["unstaged"]:
         assert time.monotonic() < deadline, status
         time.sleep(0.1)
     assert status["durable_in"] == "cluster", status
-    killed = cluster.kill(name)
-    wait_for_tree(cluster.origin, expected, killed + TTL + 30)
 
 
 def wait_for_takeovers(cluster: Cluster, name: str, count: int) -> list[dict]:
@@ -484,23 +489,63 @@ def test_a_take_over_copies_a_renamed_file_before_its_source_changes(cluster):
 def test_a_take_over_ends_a_cycle_of_copies_the_lost_node_left(cluster):
     """Node A swaps files the origin has by renames (two, and a rotation of three), gives one
     of them another mode, and dies before its uploader ended the cycles of copies this leaves
-    (each file's copy reads a key another copy replaces). The taker reads one source of each
-    cycle before it applies anything, so every file reaches the origin with its new bytes."""
-    origin = cluster.origin
+    (each file's copy reads a key another copy replaces). The taker stages one copy of each
+    cycle as the data it copies before it applies anything, so every file reaches the origin
+    with its new bytes."""
+    cluster.node("b")
+    node_a, _, expected = swap_by_renames(cluster)
+    lose_once_staged(cluster, "a", node_a, expected)
+    assert (cluster.origin / "y").stat().st_mode & 0o777 == 0o600
+
+
+def swap_by_renames(cluster: Cluster) -> tuple[Path, dict[str, bytes], dict[str, bytes]]:
+    """Files the origin has, swapped by renames on a new node A (two, and a rotation of
+    three), one of them given another mode: A's mountpoint, the origin's files before and
+    what A shows now."""
     contents = {"x": b"x" * 3000, "y": b"y" * 20, "p": b"p" * 100, "q": b"q" * 5000,
                 "r": b"r"}
     for name, data in contents.items():
-        (origin / name).write_bytes(data)
-    cluster.node("b")
+        (cluster.origin / name).write_bytes(data)
     node_a = cluster.node("a")
     for source, target in (("x", "t"), ("y", "x"), ("t", "y"),
                            ("p", "t"), ("q", "p"), ("r", "q"), ("t", "r")):
         os.rename(node_a / source, node_a / target)
     os.chmod(node_a / "y", 0o600)
-    expected = {"x": contents["y"], "y": contents["x"], "p": contents["q"],
-                "q": contents["r"], "r": contents["p"]}
-    lose_once_staged(cluster, "a", node_a, expected)
+    return node_a, contents, {"x": contents["y"], "y": contents["x"], "p": contents["q"],
+                              "q": contents["r"], "r": contents["p"]}
+
+
+def test_a_second_taker_ends_a_cycle_of_copies_the_first_left_half_applied(cluster, tmp_path):
+    """Files swapped by renames on node A, which dies with no other node to take over: a
+    first taker (`drain`, run here) stops right after its first change to the origin (one
+    copy of a cycle applied, the copy reading the key it replaced not yet), and a second,
+    starting from what is left of the queue, still brings every file to the origin with its
+    new bytes, because the first staged that late copy as the data it copies before it
+    applied anything."""
+    from avafs.stores import open_cluster_bucket, open_store
+    from avafs.writeback.cluster.queue import ClusterQueue
+    from avafs.writeback.cluster.takeover import QueueLost, Takeover, drain
+
+    origin = cluster.origin
+    node_a, contents, expected = swap_by_renames(cluster)
+    assert tree(node_a) == expected
+    wait_staged(cluster, "a")
+    cluster.kill("a")
+    cache = f"s3://{cluster.bucket}/c"
+    queue = ClusterQueue(open_cluster_bucket(cache, cluster.seaweed.endpoint, None, 5.0),
+                         Etcd((cluster.etcd.client_url,), timeout=5), cluster_id(cache), "taker")
+    store = open_store(origin.as_uri())
+    try:
+        with pytest.raises(QueueLost):
+            drain(queue, "a", lambda url: store, lambda: tree(origin) == contents,
+                  Takeover("a"), spill_dir=tmp_path)
+        assert tree(origin) != contents
+        drain(queue, "a", lambda url: store, lambda: True, Takeover("a"), spill_dir=tmp_path)
+    finally:
+        queue.close()
+    assert tree(origin) == expected
     assert (origin / "y").stat().st_mode & 0o777 == 0o600
+    assert staged_objects(cluster, "a") == 0
 
 
 def test_past_the_staging_limit_writers_wait_until_uploads_drain(cluster, s3_mount, s3_server,

@@ -1,7 +1,7 @@
 """The order a take-over applies a lost node's records in (`takeover._copies_first`): each copy
 ahead of whatever deletes or replaces the key it reads, whatever order the records were made
 in; copies that read each other's keys in a cycle come out once each, and those of them that
-come after their source's replacement are the ones whose sources are saved first
+come after their source's replacement are the ones staged as the data they copy first
 (`_copies_of_replaced_keys`)."""
 
 from __future__ import annotations

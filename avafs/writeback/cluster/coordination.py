@@ -1,4 +1,4 @@
-"""The etcd of `--etcd URL[,URL...]`, as cluster writes use it: keys, leases, one transaction.
+"""The etcd of `--etcd URL[,URL...]`, as cluster writes use it: keys, leases, transactions.
 
 Through etcd's HTTP gateway (the `etcd3gw` client the adapters' coordinator uses too). Several
 URLs name members of one etcd cluster: a request that cannot reach one member goes to the next,
@@ -94,6 +94,23 @@ class Etcd:
                              "value": _encode(guard_value)}],
                 "success": [{"request_put": {"key": _encode(key), "value": _encode(value)}}
                             for key, value in items],
+                "failure": []})
+            return bool(result.get("succeeded", False))
+
+        return self._call(request)
+
+    def replace(self, old: str, items: list[tuple[str, str]]) -> bool:
+        """Delete `old` and put every (key, value) of `items` only if `old` exists now (one
+        transaction: all or none); False if it is gone."""
+        from etcd3gw.utils import _encode
+
+        def request(client: Any) -> bool:
+            result = client.transaction({
+                "compare": [{"key": _encode(old), "result": "GREATER", "target": "VERSION",
+                             "version": 0}],
+                "success": [{"request_delete_range": {"key": _encode(old)}}]
+                + [{"request_put": {"key": _encode(key), "value": _encode(value)}}
+                   for key, value in items],
                 "failure": []})
             return bool(result.get("succeeded", False))
 

@@ -318,6 +318,26 @@ class ClusterQueue:
         """The staging object of `record`, streamed. Raises StoreError."""
         return self.bucket.open_object(self.object_name(node, record.id), record.size)
 
+    def stage_in_place_of(self, node: str, copy: Record, body: BinaryIO, mtime: float,
+                          attrs: Attrs) -> Record | None:
+        """A record of `node`'s queue holding the data `copy` copies (`body`: its `copy.size`
+        bytes, read from the origin) with `mtime` and `attrs`, in the copy's place: the same
+        commit time, so the same order among the key's records, and the copy's record deleted
+        in the transaction that puts it. None, with nothing left behind, if the copy's record
+        is gone (settled, or put in place of by another drainer). Raises StoreError,
+        EtcdUnavailable."""
+        made = int(copy.id.rsplit("-", 1)[0])
+        record = self.new_record(copy.source_url, copy.key, copy.size, mtime, attrs,
+                                 staged_object=f"staging/{node}/{uuid.uuid4().hex}", made=made)
+        name = self.object_name(node, record.id)
+        if record.size:
+            self.bucket.put(name, _Exactly(body, record.size), record.size)
+        if self.etcd.replace(self.queue_prefix(node) + copy.id,
+                             [(self.queue_prefix(node) + record.id, record.encode())]):
+            return record
+        self._delete_object(name)
+        return None
+
     def settle(self, node: str, record_id: str, delete_object: bool = True) -> None:
         """The record first, then its object unless another record names it (a record never
         names a missing object)."""

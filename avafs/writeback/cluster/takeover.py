@@ -8,7 +8,7 @@ nodes that have records but no owner and tries to create their owner key bound t
 in one etcd transaction that succeeds only where the key is absent: exactly one daemon wins and
 drains that queue (`drain`), uploading each key's last record from its staging object to the
 origin in record order (a copy ahead of what changes the key it reads; the copies of a cycle
-that cannot be, from their sources saved first), settling each record as its upload lands,
+that cannot be are first staged as the data they copy), settling each record as its upload lands,
 then deleting the owner key.
 A taker that dies part way loses the owner key with its lease, and another daemon takes over
 where it stopped (an upload done twice is idempotent: the same bytes).
@@ -51,8 +51,7 @@ import tempfile
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -113,50 +112,51 @@ def drain(queue: ClusterQueue, node: str, open_origin: OpenOrigin, still_owner: 
     only (an upload, a deletion or a copy), settling each as it lands, until none is left;
     retried with backoff while `still_owner()` holds. Keys in `keep_keys` have a newer state
     on this node: their records are settled without an upload. A staging object goes with the
-    last record that names it. The sources of copies in a cycle are saved in temporary files
-    in `spill_dir` (the system's temporary directory if None) before the first pass applies
-    anything, and kept for the passes after it (`_save_sources`). Raises QueueLost."""
+    last record that names it. The copies of a cycle, which no order can put ahead of their
+    source's replacement, are first staged as the data they copy (`_stage_late_copies`, their
+    sources read through temporary files in `spill_dir`, the system's temporary directory if
+    None), so nothing is applied while the queue holds a copy whose source it replaces, and a
+    taker that dies part way leaves the next one nothing it cannot apply. Raises QueueLost."""
+    only = None if only is None else set(only)
     delay = _RETRY_FIRST
-    with ExitStack() as spills:
-        saved: dict[str, _SavedSource] | None = None
-        while True:
-            if not still_owner():
-                raise QueueLost(node)
-            try:
-                every = queue.records(node)
-                records = [record for record in every if only is None or record.id in only]
-                if not records:
-                    break
-                naming = Counter(record.token for record in every)
-                last = {(record.source_url, record.key): record.id for record in records}
-                applied = [record for record in records
-                           if last[(record.source_url, record.key)] == record.id and
-                           (record.source_url, record.key) not in keep_keys]
-                applied_ids = {record.id for record in applied}
-                settled_only = [record for record in records if record.id not in applied_ids]
-                ordered = _copies_first(applied)
-                if saved is None:  # once: a later pass finds the sources replaced already
-                    saved = spills.enter_context(_save_sources(
-                        _copies_of_replaced_keys(ordered), open_origin, node, spill_dir))
-                for record in settled_only + ordered:
-                    if not still_owner():
-                        raise QueueLost(node)
-                    if record.id in applied_ids:
-                        _apply(queue, node, record, open_origin, saved.get(record.id))
-                        progress.files += 1
-                        progress.bytes += record.size if record.kind == DATA else 0
-                    naming[record.token] -= 1
-                    queue.settle(node, record.id, delete_object=naming[record.token] == 0)
-                    progress.settled += 1
-                delay = _RETRY_FIRST
-                progress.error = None
-            except QueueLost:
-                raise
-            except Exception as error:  # noqa: BLE001 - retried for as long as this daemon owns it
-                progress.error = str(error)
-                log.warning("take-over of node %s: %s; retrying in %.1fs", node, error, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, _RETRY_LAST)
+    while True:
+        if not still_owner():
+            raise QueueLost(node)
+        try:
+            every = queue.records(node)
+            records = [record for record in every if only is None or record.id in only]
+            if not records:
+                break
+            naming = Counter(record.token for record in every)
+            last = {(record.source_url, record.key): record.id for record in records}
+            applied = [record for record in records
+                       if last[(record.source_url, record.key)] == record.id and
+                       (record.source_url, record.key) not in keep_keys]
+            applied_ids = {record.id for record in applied}
+            settled_only = [record for record in records if record.id not in applied_ids]
+            ordered = _copies_first(applied)
+            if _stage_late_copies(queue, node, _copies_of_replaced_keys(ordered), open_origin,
+                                  spill_dir, only):
+                continue  # the queue changed: order it again
+            for record in settled_only + ordered:
+                if not still_owner():
+                    raise QueueLost(node)
+                if record.id in applied_ids:
+                    _apply(queue, node, record, open_origin)
+                    progress.files += 1
+                    progress.bytes += record.size if record.kind == DATA else 0
+                naming[record.token] -= 1
+                queue.settle(node, record.id, delete_object=naming[record.token] == 0)
+                progress.settled += 1
+            delay = _RETRY_FIRST
+            progress.error = None
+        except QueueLost:
+            raise
+        except Exception as error:  # noqa: BLE001 - retried for as long as this daemon owns it
+            progress.error = str(error)
+            log.warning("take-over of node %s: %s; retrying in %.1fs", node, error, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, _RETRY_LAST)
     if only is None:
         try:
             queue.sweep(node)
@@ -210,49 +210,43 @@ def _copies_of_replaced_keys(ordered: list[Record]) -> list[Record]:
     return late
 
 
-@dataclass
-class _SavedSource:
-    """A copy's source version, read before the records ahead of the copy replaced it, with
-    what the copy carries."""
-
-    body: BinaryIO
-    size: int
-    mtime: float
-    attrs: Attrs
-
-
-@contextmanager
-def _save_sources(copies: list[Record], open_origin: OpenOrigin, node: str,
-                  spill_dir: Path | None) -> Iterator[dict[str, _SavedSource]]:
-    """Each copy's source version (by record id) in a temporary file, read from the origin
-    now, with the copy's attributes, else the source's; the files are removed on exit. A
-    source the origin no longer holds at that version is left out: its copy fails as it
-    would have, and is logged."""
-    saved: dict[str, _SavedSource] = {}
-    with ExitStack() as files:
-        for record in copies:
-            assert record.copy_from is not None and record.copy_etag is not None
-            origin = open_origin(record.source_url)
-            body = files.enter_context(tempfile.TemporaryFile(dir=spill_dir))
-            try:
-                mtime, attrs = record.mtime, record.attributes
-                if attrs is None:
-                    mtime, attrs = origin.copied_attributes(record.copy_from, record.copy_etag)
+def _stage_late_copies(queue: ClusterQueue, node: str, copies: list[Record],
+                       open_origin: OpenOrigin, spill_dir: Path | None,
+                       only: set[str] | None) -> bool:
+    """Each copy of `copies` staged in its place in `node`'s queue as the data it copies
+    (`ClusterQueue.stage_in_place_of`), read from the origin now, with the copy's attributes,
+    else the source's; `only`, where given, follows the records put in place. Whether any
+    was. A source the origin no longer holds at that version is left as a copy: it fails
+    as it would have, and is logged."""
+    staged = False
+    for record in copies:
+        assert record.copy_from is not None and record.copy_etag is not None
+        origin = open_origin(record.source_url)
+        try:
+            mtime, attrs = record.mtime, record.attributes
+            if attrs is None:
+                mtime, attrs = origin.copied_attributes(record.copy_from, record.copy_etag)
+            with tempfile.TemporaryFile(dir=spill_dir) as body:
                 source = origin.open_range(record.copy_from, 0, record.size, record.copy_etag)
                 try:
                     _copy_exactly(source, body, record.size, record.copy_from)
                 finally:
                     source.close()
-            except ObjectChangedError as error:
-                log.error("take-over of node %s: cannot save %r for its copy to %r: %s",
-                          node, record.copy_from, record.key, error)
-                continue
-            saved[record.id] = _SavedSource(body, record.size, mtime, attrs)
-        yield saved
+                body.seek(0)
+                put = queue.stage_in_place_of(node, record, body, mtime, attrs)
+        except ObjectChangedError as error:
+            log.error("take-over of node %s: cannot stage %r for its copy to %r: %s",
+                      node, record.copy_from, record.key, error)
+            continue
+        if put is not None:
+            staged = True
+            if only is not None:
+                only.add(put.id)
+    return staged
 
 
 _SPILL_CHUNK = 8 << 20
-"""Bytes read from a saved source's answer at a time."""
+"""Bytes read from a late copy's source at a time."""
 
 
 def _copy_exactly(source: BinaryIO, body: BinaryIO, size: int, key: str) -> None:
@@ -267,17 +261,11 @@ def _copy_exactly(source: BinaryIO, body: BinaryIO, size: int, key: str) -> None
         left -= len(chunk)
 
 
-def _apply(queue: ClusterQueue, node: str, record: Record, open_origin: OpenOrigin,
-           saved: _SavedSource | None = None) -> None:
-    """Bring the origin to what `record` says its key must become, as the uploader would; a
-    copy whose source was `saved` is uploaded from it."""
+def _apply(queue: ClusterQueue, node: str, record: Record, open_origin: OpenOrigin) -> None:
+    """Bring the origin to what `record` says its key must become, as the uploader would."""
     origin = open_origin(record.source_url)
     if record.kind == DELETED:
         origin.delete(record.key)
-        return
-    if saved is not None:
-        saved.body.seek(0)
-        origin.put(record.key, saved.body, saved.size, saved.mtime, saved.attrs)
         return
     if record.kind == COPY:
         try:
