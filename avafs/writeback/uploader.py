@@ -112,9 +112,12 @@ class Uploader:
                     return store.copy(entry.copy_from, entry.key, entry.copy_etag,
                                       None if entry.attrs is None else entry.mtime, entry.attrs)
                 except ObjectChangedError:
-                    if entry.copy_from != entry.key:
+                    if entry.copy_from == entry.key:
+                        return self._reapply_attributes(store, entry)
+                    landed = self._copy_landed(store, entry)
+                    if landed is None:
                         raise  # a rename's source changed by someone else: not ours to move
-                    return self._reapply_attributes(store, entry)
+                    return landed
         assert entry.kind == DATA
         attrs = entry.attrs or Attrs()
         completed = self.streams.finish(entry, generation) if entry.stream is not None \
@@ -149,6 +152,23 @@ class Uploader:
             mtime, attrs = store.copied_attributes(entry.copy_from, entry.copy_etag)
         self.writeback.copy_in_source(entry, generation, ObjectRef(
             entry.source, store, entry.copy_from, entry.copy_etag, entry.size), mtime, attrs)
+
+    @staticmethod
+    def _copy_landed(store: ObjectStore, entry: Pending):
+        """The object a rename's copy makes, if the store holds it already though the source
+        is gone: a node that took over this mount's queue while its lease had lapsed applied
+        the rename (the copy, then the deletion of its source) from the records this mount
+        staged. Recognized by its size and either the copied version's ETag (a copy of one
+        part keeps it on S3) or the mtime the copy carries (a copy keeps its source's times,
+        or sets the state's own); None otherwise."""
+        current = store.head(entry.key)
+        if current is None or current.size != entry.size:
+            return None
+        if current.etag == entry.copy_etag or current.mtime == entry.mtime:
+            log.info("rename of %r to %r: the store has the copy already (applied by the "
+                     "node that took over this one's queue)", entry.copy_from, entry.key)
+            return current
+        return None
 
     @staticmethod
     def _reapply_attributes(store: ObjectStore, entry: Pending):

@@ -341,6 +341,34 @@ def test_a_node_that_lost_its_lease_while_running_stages_nothing_a_taker_misses(
     assert log.count("node a is gone (its lease expired); this node takes over") in (1, 2)
 
 
+def test_a_node_stalled_past_its_lease_finds_its_renames_applied_by_the_taker(cluster):
+    """A renames files the origin has, then stalls (SIGSTOP) past its lease: B takes over A's
+    queue and applies the renames. When A runs again and flushes, its own copies find their
+    sources gone and the store holding what they were to make: settled, A's view keeps the
+    new names, and no rename is reported as lost."""
+    origin = cluster.origin
+    contents = {"x": b"x" * 3000, "sub/y": b"y" * 20}
+    (origin / "sub").mkdir()
+    for name, data in contents.items():
+        (origin / name).write_bytes(data)
+    node_a = cluster.node("a")
+    cluster.node("b")
+    os.rename(node_a / "x", node_a / "z")
+    os.rename(node_a / "sub" / "y", node_a / "w")
+    expected = {"z": contents["x"], "w": contents["sub/y"]}
+    wait_staged(cluster, "a")
+    pid = Client(node_a).status()["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_for_tree(origin, expected, time.monotonic() + TTL + 30)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    flushed = run_avafs("flush", str(node_a))
+    assert flushed.returncode == 0, flushed.stderr
+    assert tree(node_a) == expected
+    assert "cannot finish renaming" not in (cluster.cache_dir("a") / "avafs.log").read_text()
+
+
 def test_nodes_killed_in_turn_lose_no_acknowledged_byte(cluster):
     """A and B in turn: the writer is killed, the other takes over, the killed one comes back
     (a new disk, the same name) for the next round."""

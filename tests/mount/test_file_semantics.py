@@ -254,6 +254,22 @@ def test_renames_of_a_clean_file_before_their_copies_land(s3_server, bucket, s3_
     assert store_bytes(s3_server, bucket, "c") == b"renamed twice"
 
 
+def test_a_rename_whose_source_another_writer_deleted_is_dropped(s3_server, bucket, s3_mount,
+                                                                  tmp_path):
+    """mv a b, then another writer deletes `a` in the store before the copy lands: the copy
+    cannot be made (the store has no `b`, as it had no copy of it already), the mount says
+    so in its log and no longer shows `b`, and flush returns."""
+    client = s3_server.client()
+    client.put_object(Bucket=bucket, Key="a", Body=b"first")
+    mnt = s3_mount("--writeback-delay", "3600")
+    os.rename(mnt / "a", mnt / "b")
+    client.delete_object(Bucket=bucket, Key="a")
+    Client(mnt).flush()
+    assert store_keys(s3_server, bucket) == set()
+    assert os.listdir(mnt) == []
+    assert "cannot finish renaming 'a' to 'b'" in (tmp_path / "cache" / "avafs.log").read_text()
+
+
 def test_files_swapped_by_renames_before_their_copies_land(s3_server, bucket, s3_mount):
     """mv a t; mv b a; mv t b (three files rotated the same way, two directories swapped
     too): each pending copy reads the key the other one changes, so neither could go first.
