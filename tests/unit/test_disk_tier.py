@@ -219,15 +219,15 @@ def _written_past_the_page_cache(path: Path) -> None:
     which no page is cached: dropping a written file's pages (`POSIX_FADV_DONTNEED`) may
     leave one that another task holds a moment longer, and on a loaded machine longer."""
     data = path.read_bytes()
-    buffer = mmap.mmap(-1, -(-len(data) // 4096) * 4096)
-    buffer[:len(data)] = data
     copy = path.with_name(path.name + ".direct")
-    fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_DIRECT)
-    try:
-        os.write(fd, buffer)
-        os.ftruncate(fd, len(data))
-    finally:
-        os.close(fd)
+    with mmap.mmap(-1, -(-len(data) // 4096) * 4096) as buffer:
+        buffer[:len(data)] = data
+        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_DIRECT)
+        try:
+            os.write(fd, buffer)
+            os.ftruncate(fd, len(data))
+        finally:
+            os.close(fd)
     os.replace(copy, path)
 
 
