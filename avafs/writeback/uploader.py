@@ -20,7 +20,7 @@ from typing import BinaryIO
 
 from ..errors import ObjectChangedError, StoreError
 from ..objects import ObjectRef
-from ..stores.base import ObjectStore
+from ..stores.base import ObjectInfo, ObjectStore
 from ..stores.metadata import Attrs
 from .file_views import FileView
 from .manager import WriteBack
@@ -154,7 +154,7 @@ class Uploader:
             entry.source, store, entry.copy_from, entry.copy_etag, entry.size), mtime, attrs)
 
     @staticmethod
-    def _copy_landed(store: ObjectStore, entry: Pending):
+    def _copy_landed(store: ObjectStore, entry: Pending) -> ObjectInfo | None:
         """The object a rename's copy makes, if the store holds it already though the source
         is gone: a node that took over this mount's queue while its lease had lapsed applied
         the rename (the copy, then the deletion of its source) from the records this mount
