@@ -30,6 +30,11 @@ from .upload_memory import UploadMemory
 
 log = logging.getLogger(__name__)
 
+_SAME_MTIME = 1e-5
+"""Seconds two mtimes of one version may differ by: a float of seconds written as integer
+nanoseconds (a local file's utime, an object's metadata) and read back moves by up to a
+microsecond."""
+
 UPLOAD_MEMORY = 4 * STREAM_FROM
 """Bytes the uploads in flight may hold together: what four of the largest ones held when
 there were four uploaders."""
@@ -160,11 +165,12 @@ class Uploader:
         the rename (the copy, then the deletion of its source) from the records this mount
         staged. Recognized by its size and either the copied version's ETag (a copy of one
         part keeps it on S3) or the mtime the copy carries (a copy keeps its source's times,
-        or sets the state's own); None otherwise."""
+        or sets the state's own: equal to within what a time loses on its way through
+        nanoseconds and back to a float); None otherwise."""
         current = store.head(entry.key)
         if current is None or current.size != entry.size:
             return None
-        if current.etag == entry.copy_etag or current.mtime == entry.mtime:
+        if current.etag == entry.copy_etag or abs(current.mtime - entry.mtime) < _SAME_MTIME:
             log.info("rename of %r to %r: the store has the copy already (applied by the "
                      "node that took over this one's queue)", entry.copy_from, entry.key)
             return current

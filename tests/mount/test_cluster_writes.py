@@ -345,12 +345,14 @@ def test_a_node_stalled_past_its_lease_finds_its_renames_applied_by_the_taker(cl
     """A renames files the origin has, then stalls (SIGSTOP) past its lease: B takes over A's
     queue and applies the renames. When A runs again and flushes, its own copies find their
     sources gone and the store holding what they were to make: settled, A's view keeps the
-    new names, and no rename is reported as lost."""
+    new names, and no rename is reported as lost. The files' mtime is one whose float moves
+    by its last bit when written back as nanoseconds, as the taker's copies write it."""
     origin = cluster.origin
     contents = {"x": b"x" * 3000, "sub/y": b"y" * 20}
     (origin / "sub").mkdir()
     for name, data in contents.items():
         (origin / name).write_bytes(data)
+        os.utime(origin / name, ns=(1_700_000_000_008_000_024, 1_700_000_000_008_000_024))
     node_a = cluster.node("a")
     cluster.node("b")
     os.rename(node_a / "x", node_a / "z")
