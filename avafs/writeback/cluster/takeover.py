@@ -215,10 +215,11 @@ def _stage_late_copies(queue: ClusterQueue, node: str, copies: list[Record],
                        only: set[str] | None) -> bool:
     """Each copy of `copies` staged in its place in `node`'s queue as the data it copies
     (`ClusterQueue.stage_in_place_of`), read from the origin now, with the copy's attributes,
-    else the source's; `only`, where given, follows the records put in place. Whether any
-    was. A source the origin no longer holds at that version is left as a copy: it fails
-    as it would have, and is logged."""
-    staged = False
+    else the source's; `only`, where given, follows the records put in place. Whether the
+    queue changed (a copy put in place, or its record found gone). A source the origin no
+    longer holds at that version is left as a copy: it fails as it would have, and is
+    logged."""
+    changed = False
     for record in copies:
         assert record.copy_from is not None and record.copy_etag is not None
         origin = open_origin(record.source_url)
@@ -238,11 +239,10 @@ def _stage_late_copies(queue: ClusterQueue, node: str, copies: list[Record],
             log.error("take-over of node %s: cannot stage %r for its copy to %r: %s",
                       node, record.copy_from, record.key, error)
             continue
-        if put is not None:
-            staged = True
-            if only is not None:
-                only.add(put.id)
-    return staged
+        changed = True
+        if put is not None and only is not None:
+            only.add(put.id)
+    return changed
 
 
 _SPILL_CHUNK = 8 << 20
