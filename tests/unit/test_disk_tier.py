@@ -214,12 +214,14 @@ def _cached(path: Path) -> bool:
         os.close(fd)
 
 
-def _written_past_the_page_cache(path: Path) -> None:
+def _written_past_the_page_cache(path: Path, scratch: Path) -> None:
     """The file replaced by a copy of its bytes written with O_DIRECT into a new inode, of
     which no page is cached: dropping a written file's pages (`POSIX_FADV_DONTNEED`) may
-    leave one that another task holds a moment longer, and on a loaded machine longer."""
+    leave one that another task holds a moment longer, and on a loaded machine longer. The
+    copy is written in `scratch`, outside the tier's blocks, whose sweep at start removes
+    the files its index does not know."""
     data = path.read_bytes()
-    copy = path.with_name(path.name + ".direct")
+    copy = scratch / (path.name + ".direct")
     with mmap.mmap(-1, -(-len(data) // 4096) * 4096) as buffer:
         buffer[:len(data)] = data
         fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_DIRECT)
@@ -236,7 +238,7 @@ def test_a_block_expected_to_be_read_is_brought_into_the_page_cache(tmp_path):
     block = _block(3)
     tier.put(block, os.urandom(100 * 1024))
     path = tmp_path / tier.checked_file(block)
-    _written_past_the_page_cache(path)
+    _written_past_the_page_cache(path, tmp_path)
     assert not _cached(path), ("the test's directory is on a file system that caches what "
                                "is written with O_DIRECT (tmpfs?): run it where the cache "
                                "dir would be, on a disk")
