@@ -26,9 +26,19 @@ import time
 
 from ..errors import ObjectChangedError, StoreError
 from ..stores.base import ObjectInfo
-from .pending import COPY, DATA, Pending
+from .pending import COPY, DATA, DELETED, Pending
 
 log = logging.getLogger(__name__)
+
+
+class RenameSourceChanged(ObjectChangedError):
+    """A rename's copy found its source's version gone from the store: another writer
+    replaced or deleted it. `source_now` is what the store holds under the source's key now
+    (None: nothing), which stays there: the rename's deletion of that key is dropped."""
+
+    def __init__(self, message: str, source_now: ObjectInfo | None) -> None:
+        super().__init__(message)
+        self.source_now = source_now
 
 
 class UploadOrder:
@@ -132,7 +142,9 @@ class UploadOrder:
 
     def failed(self, entry: Pending, error: Exception) -> None:
         """An upload of `entry` failed: retried later, set aside if the store refused it for
-        good, forgotten if the entry was cancelled meanwhile."""
+        good, forgotten if the entry was cancelled meanwhile. A rename whose source version
+        another writer replaced or deleted is forgotten with the deletion of its source,
+        which would otherwise delete what that writer put there."""
         with self.lock:
             self._upload_ended(entry)
             if entry.cancelled:
@@ -145,11 +157,18 @@ class UploadOrder:
             if isinstance(error, StoreError) and error.permanent:
                 entry.set_aside = str(error)
             elif isinstance(error, ObjectChangedError) and entry.kind == COPY:
-                log.error("cannot finish renaming %r to %r: %s; the source was changed by "
-                          "someone else", entry.copy_from, entry.key, error)
+                log.error("cannot finish renaming %r to %r: %s; another writer changed or "
+                          "deleted the source, which is left as it is", entry.copy_from,
+                          entry.key, error)
                 self.journal.remove(entry)
                 self._unindex(entry)
                 self._account()
+                deletion = self._pending.get((entry.source, entry.copy_from))
+                if isinstance(error, RenameSourceChanged) and deletion is not None and \
+                        deletion.kind == DELETED and entry.key in deletion.wait_for:
+                    self._settle(deletion, error.source_now)
+                self.changed.notify_all()
+                return
             elif self.store_unreachable_since is None:
                 self.store_unreachable_since = time.monotonic()
             self.changed.notify_all()

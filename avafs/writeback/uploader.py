@@ -27,6 +27,7 @@ from .manager import WriteBack
 from .pending import COPY, DATA, DELETED, Pending
 from .streaming import STREAM_FROM, StreamUploads
 from .upload_memory import UploadMemory
+from .upload_order import RenameSourceChanged
 
 log = logging.getLogger(__name__)
 
@@ -116,12 +117,13 @@ class Uploader:
                 try:
                     return store.copy(entry.copy_from, entry.key, entry.copy_etag,
                                       None if entry.attrs is None else entry.mtime, entry.attrs)
-                except ObjectChangedError:
+                except ObjectChangedError as error:
                     if entry.copy_from == entry.key:
                         return self._reapply_attributes(store, entry)
                     landed = self._copy_landed(store, entry)
                     if landed is None:
-                        raise  # a rename's source changed by someone else: not ours to move
+                        raise RenameSourceChanged(  # not ours to move
+                            str(error), store.head(entry.copy_from)) from error
                     return landed
         assert entry.kind == DATA
         attrs = entry.attrs or Attrs()

@@ -516,6 +516,29 @@ def test_a_take_over_copies_a_renamed_file_before_its_source_changes(cluster):
         assert (origin / name).stat().st_mode & 0o777 == 0o640
 
 
+def test_a_take_over_keeps_a_renamed_files_source_another_writer_replaced(cluster):
+    """Node A renames a file the origin has, another writer replaces the old name in the
+    origin, and A dies before its uploader copied the file: the take-over cannot copy the
+    renamed version and drops the rename's deletion with it, so the other writer's file
+    stays; a rename beside it is applied as usual."""
+    origin = cluster.origin
+    for name in ("one", "two"):
+        (origin / name).write_bytes(name.encode() * 1000)
+    node_b = cluster.node("b")
+    node_a = cluster.node("a")
+    os.rename(node_a / "one", node_a / "one-renamed")
+    os.rename(node_a / "two", node_a / "two-renamed")
+    wait_staged(cluster, "a")
+    (origin / "one").write_bytes(b"the other writer's")
+    killed = cluster.kill("a")
+    wait_for_takeovers(cluster, "b", 1)
+    assert tree(origin) == {"one": b"the other writer's", "two-renamed": b"two" * 1000}
+    assert time.monotonic() < killed + TTL + 30
+    log = (cluster.cache_dir("b") / "avafs.log").read_text()
+    assert "cannot finish copying 'one' to 'one-renamed'" in log
+    assert tree(node_b) == tree(origin)
+
+
 def test_a_take_over_ends_a_cycle_of_copies_the_lost_node_left(cluster):
     """Node A swaps files the origin has by renames (two, and a rotation of three), gives one
     of them another mode, and dies before its uploader ended the cycles of copies this leaves

@@ -270,6 +270,25 @@ def test_a_rename_whose_source_another_writer_deleted_is_dropped(s3_server, buck
     assert "cannot finish renaming 'a' to 'b'" in (tmp_path / "cache" / "avafs.log").read_text()
 
 
+def test_a_rename_whose_source_another_writer_replaced_keeps_that_writers_version(
+        s3_server, bucket, s3_mount, tmp_path):
+    """mv a b, then another writer puts a new `a` before the copy lands: the copy of the
+    renamed version cannot be made, and the rename's deletion of `a` goes with it, so the
+    other writer's `a` stays in the store and the mount shows it once it lists again."""
+    client = s3_server.client()
+    client.put_object(Bucket=bucket, Key="a", Body=b"first")
+    mnt = s3_mount("--writeback-delay", "3600", "--metadata-ttl", "1")
+    os.rename(mnt / "a", mnt / "b")
+    client.put_object(Bucket=bucket, Key="a", Body=b"the other writer's")
+    assert Client(mnt).flush()["upload_queue"] == 0
+    assert store_keys(s3_server, bucket) == {"a"}
+    assert store_bytes(s3_server, bucket, "a") == b"the other writer's"
+    assert "cannot finish renaming 'a' to 'b'" in (tmp_path / "cache" / "avafs.log").read_text()
+    time.sleep(1.5)
+    assert os.listdir(mnt) == ["a"]
+    assert (mnt / "a").read_bytes() == b"the other writer's"
+
+
 def test_files_swapped_by_renames_before_their_copies_land(s3_server, bucket, s3_mount):
     """mv a t; mv b a; mv t b (three files rotated the same way, two directories swapped
     too): each pending copy reads the key the other one changes, so neither could go first.

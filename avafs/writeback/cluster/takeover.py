@@ -116,7 +116,9 @@ def drain(queue: ClusterQueue, node: str, open_origin: OpenOrigin, still_owner: 
     source's replacement, are first staged as the data they copy (`_stage_late_copies`, their
     sources read through temporary files in `spill_dir`, the system's temporary directory if
     None), so nothing is applied while the queue holds a copy whose source it replaces, and a
-    taker that dies part way leaves the next one nothing it cannot apply. Raises QueueLost."""
+    taker that dies part way leaves the next one nothing it cannot apply. A copy whose source
+    another writer changed in the origin is dropped with the deletion of that source, which
+    would delete that writer's version. Raises QueueLost."""
     only = None if only is None else set(only)
     delay = _RETRY_FIRST
     while True:
@@ -138,16 +140,22 @@ def drain(queue: ClusterQueue, node: str, open_origin: OpenOrigin, still_owner: 
             if _stage_late_copies(queue, node, _copies_of_replaced_keys(ordered), open_origin,
                                   spill_dir, only):
                 continue  # the queue changed: order it again
+            dropped: set[str] = set()
             for record in settled_only + ordered:
                 if not still_owner():
                     raise QueueLost(node)
+                if record.id in dropped:
+                    continue
                 if record.id in applied_ids:
-                    _apply(queue, node, record, open_origin)
+                    if not _apply(queue, node, record, open_origin):
+                        # Its source's deletion goes first, so a pass that stops in between
+                        # tries the copy again rather than deleting the other writer's version.
+                        for deletion in _deletions_of(ordered, record):
+                            _settle(queue, node, deletion, naming, progress)
+                            dropped.add(deletion.id)
                     progress.files += 1
                     progress.bytes += record.size if record.kind == DATA else 0
-                naming[record.token] -= 1
-                queue.settle(node, record.id, delete_object=naming[record.token] == 0)
-                progress.settled += 1
+                _settle(queue, node, record, naming, progress)
             delay = _RETRY_FIRST
             progress.error = None
         except QueueLost:
@@ -261,25 +269,47 @@ def _copy_exactly(source: BinaryIO, body: BinaryIO, size: int, key: str) -> None
         left -= len(chunk)
 
 
-def _apply(queue: ClusterQueue, node: str, record: Record, open_origin: OpenOrigin) -> None:
-    """Bring the origin to what `record` says its key must become, as the uploader would."""
+def _settle(queue: ClusterQueue, node: str, record: Record, naming: Counter[str],
+            progress: Takeover) -> None:
+    """`record` is done with: its staging object goes with the last record naming it."""
+    naming[record.token] -= 1
+    queue.settle(node, record.id, delete_object=naming[record.token] == 0)
+    progress.settled += 1
+
+
+def _deletions_of(ordered: list[Record], copy: Record) -> list[Record]:
+    """The records of `ordered` that delete the key `copy` reads: a rename's deletion of its
+    source, which must not land once the copy failed because another writer changed that
+    key (it would delete what that writer put there)."""
+    return [record for record in ordered
+            if record.kind == DELETED and record.source_url == copy.source_url and
+            record.key == copy.copy_from]
+
+
+def _apply(queue: ClusterQueue, node: str, record: Record, open_origin: OpenOrigin) -> bool:
+    """Bring the origin to what `record` says its key must become, as the uploader would.
+    False for a copy whose source another writer changed or deleted: it is logged and
+    dropped, and its source keeps that writer's version."""
     origin = open_origin(record.source_url)
     if record.kind == DELETED:
         origin.delete(record.key)
-        return
+        return True
     if record.kind == COPY:
         try:
             origin.copy(record.copy_from, record.key, record.copy_etag,
                         None if record.attrs is None else record.mtime, record.attributes)
         except ObjectChangedError as error:
-            log.error("take-over of node %s: cannot finish copying %r to %r: %s; the source "
-                      "was changed by someone else", node, record.copy_from, record.key, error)
-        return
+            log.error("take-over of node %s: cannot finish copying %r to %r: %s; another "
+                      "writer changed or deleted the source, which is left as it is", node,
+                      record.copy_from, record.key, error)
+            return False
+        return True
     body = queue.open_staged(node, record) if record.size else io.BytesIO(b"")
     try:
         origin.put(record.key, body, record.size, record.mtime, record.attributes or Attrs())
     finally:
         body.close()
+    return True
 
 
 class ClusterMember:
