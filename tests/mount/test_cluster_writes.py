@@ -530,10 +530,9 @@ def test_a_take_over_keeps_a_renamed_files_source_another_writer_replaced(cluste
     os.rename(node_a / "two", node_a / "two-renamed")
     wait_staged(cluster, "a")
     (origin / "one").write_bytes(b"the other writer's")
-    killed = cluster.kill("a")
+    cluster.kill("a")
     wait_for_takeovers(cluster, "b", 1)
     assert tree(origin) == {"one": b"the other writer's", "two-renamed": b"two" * 1000}
-    assert time.monotonic() < killed + TTL + 30
     log = (cluster.cache_dir("b") / "avafs.log").read_text()
     assert "cannot finish copying 'one' to 'one-renamed'" in log
     assert tree(node_b) == tree(origin)

@@ -274,7 +274,8 @@ def test_a_rename_whose_source_another_writer_replaced_keeps_that_writers_versio
         s3_server, bucket, s3_mount, tmp_path):
     """mv a b, then another writer puts a new `a` before the copy lands: the copy of the
     renamed version cannot be made, and the rename's deletion of `a` goes with it, so the
-    other writer's `a` stays in the store and the mount shows it once it lists again."""
+    other writer's `a` stays in the store and the mount shows it once the kernel's memory
+    of `a` as absent (since the rename) expires with --metadata-ttl."""
     client = s3_server.client()
     client.put_object(Bucket=bucket, Key="a", Body=b"first")
     mnt = s3_mount("--writeback-delay", "3600", "--metadata-ttl", "1")
