@@ -127,6 +127,7 @@ def build_status(filesystem: StatusSource) -> dict[str, Any]:
         "cluster_writes": filesystem.cluster_writes_status(),
         "stores": {name: _store_health(store) for name, store in filesystem.stores.items()},
         "warmups": [job.as_dict() for job in filesystem.warmups.running()],
+        "read_ahead_files": int(metrics.value(metrics.read_ahead_files)),
         "prefetch": {"queued": filesystem.prefetcher.queued,
                      "pending": filesystem.prefetcher.pending,
                      "done": filesystem.prefetcher.done,

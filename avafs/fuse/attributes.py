@@ -10,6 +10,7 @@ options and owner, the orphans of the open-file table, and `_built`, the attribu
 
 from __future__ import annotations
 
+import asyncio
 import stat
 
 import pyfuse3
@@ -160,12 +161,22 @@ class AttributeAnswers:
     async def _info_with_attrs(self, node: Node) -> ObjectInfo | None:
         """The file's info with its attributes: a small file's read from the GET that brings
         its bytes into the tiers, sent from this loop (its first read is then a hit, and the
-        lookup costs no request of its own); a larger one's, or where that GET cannot be sent
-        now, with a HEAD in a thread (`Namespace.describe`)."""
+        lookup costs no request of its own), or by the one fetching it ahead of this lookup
+        (read_ahead.py), which each lookup moves on; a larger one's, or where that GET cannot
+        be sent now, with a HEAD in a thread (`Namespace.describe`)."""
         info = self.namespace.current_info(node)
-        if info is None or info.attrs is not None or self.namespace.describe_paused():
+        if info is None:
+            return info
+        self._read_ahead.looked_up(node)
+        if info.attrs is not None or self.namespace.describe_paused():
             return info
         if info.size > 0:
+            fetching = self._read_ahead.fetching(node.source, info.key)
+            if fetching is not None:
+                await asyncio.shield(fetching)
+                info = self.namespace.current_info(node)
+                if info is None or info.attrs is not None:
+                    return info  # what it learned is the listing's entry now
             try:
                 found = await self.stack.fetch_described(
                     info, self.namespace.object_ref(node.source, info))

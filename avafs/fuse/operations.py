@@ -43,6 +43,7 @@ from .errors import as_fuse_error, guarded
 from .handles import OpenDirectory, OpenFile
 from .kernel import READER, READS_NAME_INODE, drop_pages
 from .links import LinkRequests
+from .read_ahead import DirectoryReadAhead
 from .writes import WriteRequests
 
 T = TypeVar("T")
@@ -105,6 +106,7 @@ class AvafsOperations(AttributeAnswers, DirectoryRequests, WriteRequests, Namesp
         self._background: set[asyncio.Task[None]] = set()
         """Tasks no request waits for (`_in_background`), held here until done: the loop
         keeps only weak references to its tasks."""
+        self._read_ahead = DirectoryReadAhead(namespace, stack, stack.metrics.read_ahead_files)
         self._timeout = min(options.effective_metadata_ttl, _KERNEL_TIMEOUT_CAP)
         self._uid = os.getuid() if options.uid is None else options.uid
         self._gid = os.getgid() if options.gid is None else options.gid

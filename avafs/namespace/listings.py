@@ -128,6 +128,12 @@ class ListingCache:
             return listing
         return None
 
+    def listed_directory(self, source: str, prefix: str) -> CachedListing | None:
+        """The store's listing of a directory as cached, without what this mount has pending
+        in it, if it is fresh; else None. The same object until the directory is listed
+        again (the read-ahead of its files keeps its sorted names that long)."""
+        return self._fresh_store_listing(source, prefix)
+
     def cached_listing(self, source: str, prefix: str) -> CachedListing | None:
         """The directory as the mount shows it, if that needs no I/O, else None."""
         listing = self._fresh_store_listing(source, prefix)

@@ -83,6 +83,10 @@ class TierStack:
     def block_count(self, ref: ObjectRef) -> int:
         return self._fetches.block_count(ref)
 
+    def is_small(self, ref: ObjectRef) -> bool:
+        """Whether the object is one small block, which `fetch_described` may fetch."""
+        return self._fetches.is_small(ref)
+
     def block_length(self, ref: ObjectRef, index: int) -> int:
         """Bytes of block `index` of `ref` (`Fetches.block_length`)."""
         return self._fetches.block_length(ref, index)
