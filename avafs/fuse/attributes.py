@@ -167,7 +167,7 @@ class AttributeAnswers:
         info = self.namespace.current_info(node)
         if info is None:
             return info
-        self._read_ahead.looked_up(node)
+        self._read_ahead.reached(node)
         if info.attrs is not None or self.namespace.describe_paused():
             return info
         if info.size > 0:

@@ -106,7 +106,8 @@ class AvafsOperations(AttributeAnswers, DirectoryRequests, WriteRequests, Namesp
         self._background: set[asyncio.Task[None]] = set()
         """Tasks no request waits for (`_in_background`), held here until done: the loop
         keeps only weak references to its tasks."""
-        self._read_ahead = DirectoryReadAhead(namespace, stack, stack.metrics.read_ahead_files)
+        self._read_ahead = DirectoryReadAhead(namespace, stack, stack.metrics.read_ahead_files,
+                                              describe=not options.listing_attrs)
         self._timeout = min(options.effective_metadata_ttl, _KERNEL_TIMEOUT_CAP)
         self._uid = os.getuid() if options.uid is None else options.uid
         self._gid = os.getgid() if options.gid is None else options.gid
@@ -247,6 +248,8 @@ class AvafsOperations(AttributeAnswers, DirectoryRequests, WriteRequests, Namesp
         handle = self._open[fh] if self._opens else await self._version_reader(fh)
         if handle.ref is None:
             return os.pread(handle.fd, size, off)
+        if off == 0 and self.options.listing_attrs:
+            self._read_ahead.reached(self.namespace.node(handle.inode))
         try:
             return await self._read_version(handle, off, size)
         except pyfuse3.FUSEError as error:

@@ -14,11 +14,14 @@ listing each fall within `JITTER` of the furthest one so far, and that cover at 
 many positions as there were lookups: several readers taking the files in turn look up a few
 of them out of order, a shuffled reader's lookups scatter over the directory. After `TRIGGER`
 such lookups the next `WINDOW` files are fetched, and each lookup further on moves the window.
-A lookup elsewhere in the directory starts a new run. Only files whose attributes are not read
-yet and that fit in one small block are fetched, each as its own lookup would have fetched it,
-under a fetch slot that a reader's own read does not need: when none is free the file is left
-for its reader. A lookup of a file being fetched ahead waits for that GET instead of sending
-its own.
+A lookup elsewhere in the directory starts a new run. Only files of one small block that no tier
+holds or loads are fetched (at the defaults, only those whose attributes are not read yet),
+each as its own lookup would have fetched it, under a fetch slot that a reader's own read does
+not need: when none is free the file is left for its reader. A lookup of a file being fetched
+ahead waits for that GET instead of sending its own; a READ, for the block's load.
+
+With `--listing-attrs` a lookup sends no request (so `ls -l` or `find` fetches nothing), and
+what is followed is each file's first READ instead, the GET of its bytes alone fetched ahead.
 
 Everything here runs on the FUSE loop: no lock. A directory's names are sorted once per listing
 (`sorted` of a store's listing, which comes in key order, is one pass); only the last
@@ -93,18 +96,24 @@ class DirectoryReadAhead:
     """Fetches the files ahead of lookups in order (module docstring). Called on the FUSE
     loop only."""
 
-    def __init__(self, namespace: Namespace, stack: TierStack, fetched: Counter) -> None:
-        """`fetched` counts the files fetched ahead (`Metrics.read_ahead_files`)."""
+    def __init__(self, namespace: Namespace, stack: TierStack, fetched: Counter,
+                 describe: bool) -> None:
+        """`fetched` counts the files fetched ahead (`Metrics.read_ahead_files`). `describe`:
+        the files' attributes are read with their bytes, and lookups are what is followed
+        (the defaults); else (`--listing-attrs`) their bytes alone, and first reads."""
         self.namespace = namespace
         self.stack = stack
         self._fetched = fetched
+        self._describe = describe
         self._enabled = stack.cluster is None
         """A mount with a cluster tier reads blocks in threads (its lookups' GETs too)."""
         self._runs: OrderedDict[tuple[str, str], _Run] = OrderedDict()
         self._fetching: dict[tuple[str, str], asyncio.Task[None]] = {}
 
-    def looked_up(self, node: Node) -> None:
-        """A file's lookup: follows its directory's run, starting the fetches ahead of it."""
+    def reached(self, node: Node) -> None:
+        """A file's lookup, or with `--listing-attrs` its first read (a lookup then sends
+        no request, and a walk that only stats files must not fetch them): follows its
+        directory's run, starting the fetches ahead of it."""
         if not self._enabled:
             return
         prefix = parent_prefix(node.key)
@@ -141,21 +150,26 @@ class DirectoryReadAhead:
         while position < end and len(self._fetching) < WINDOW:
             entry = run.listing.entries.get(run.names[position])
             listed = None if entry is None else entry.info
-            if listed is not None and listed.attrs is None and listed.size > 0 and \
+            if listed is not None and listed.size > 0 and \
+                    (listed.attrs is None or not self._describe) and \
                     (source, listed.key) not in self._fetching:
                 ref = self.namespace.object_ref(source, listed)
-                if self.stack.is_small(ref):
+                if self.stack.absent_small(ref):
                     self._fetching[(source, listed.key)] = asyncio.get_running_loop() \
                         .create_task(self._fetch(source, listed, ref))
             position += 1
         run.fetched_to = max(run.fetched_to, position)
 
     async def _fetch(self, source: str, listed: ObjectInfo, ref: ObjectRef) -> None:
-        """Reads the file's attributes with the GET that brings its bytes into the tiers,
-        where that GET can be sent now (a free fetch slot, the block neither cached nor
-        loading): its lookup then finds them in the directory's listing (`learned`). A GET
+        """Loads the file with one GET from this loop where it can be sent now (a free fetch
+        slot, the block neither cached nor loading), reading its attributes with it where
+        `describe`: its lookup then finds them in the directory's listing (`learned`). A GET
         not sent or failed leaves the file to its reader, as if nothing was fetched ahead."""
         try:
+            if not self._describe:
+                if await self.stack.fetch_ahead(ref):
+                    self._fetched.inc()
+                return
             if self.namespace.describe_paused():
                 return
             found = await self.stack.fetch_described(listed, ref)

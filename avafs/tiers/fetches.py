@@ -75,6 +75,10 @@ class Fetches:
         """Whether the block is being loaded (no lock: a lookup in a dict)."""
         return block in self._loading
 
+    def loading(self, block: BlockId) -> Future[bytes] | None:
+        """The future of the block's load under way, if any (no lock: a lookup in a dict)."""
+        return self._loading.get(block)
+
     def present(self, block: BlockId) -> bool:
         return block in self.ram or block in self._loading or block in self.disk
 

@@ -83,10 +83,6 @@ class TierStack:
     def block_count(self, ref: ObjectRef) -> int:
         return self._fetches.block_count(ref)
 
-    def is_small(self, ref: ObjectRef) -> bool:
-        """Whether the object is one small block, which `fetch_described` may fetch."""
-        return self._fetches.is_small(ref)
-
     def block_length(self, ref: ObjectRef, index: int) -> int:
         """Bytes of block `index` of `ref` (`Fetches.block_length`)."""
         return self._fetches.block_length(ref, index)
@@ -122,6 +118,8 @@ class TierStack:
         data = self._read_small(ref, offset, size)
         if data is None and self._fetches.is_small(ref):
             data = await self._fetch_small(ref, offset, size)
+            if data is None:
+                data = await self._loaded_small(ref, offset, size)
         if data is not None:
             return data
         span = block_span(offset, size, ref.size, self.block_size)
@@ -174,14 +172,14 @@ class TierStack:
         if self.cluster is not None:
             return
         absent = [position for position, ref in enumerate(refs)
-                  if results[position] is None and self._absent_small(ref)]
+                  if results[position] is None and self.absent_small(ref)]
         if not absent:
             return
         fetched = self.request_loop.run(self.fetch_absent_small, [refs[p] for p in absent])
         for position, answer in zip(absent, fetched or (), strict=False):
             results[position] = answer
 
-    def _absent_small(self, ref: ObjectRef) -> bool:
+    def absent_small(self, ref: ObjectRef) -> bool:
         """Whether `ref` is an object of one small block that no tier holds or loads."""
         block = ref.block(0)
         return self._fetches.is_small(ref) and block not in self.disk and \
@@ -282,6 +280,26 @@ class TierStack:
 
         fetched = await self._fetch_alone(ref, get, wait_for_slot)
         return None if fetched is None else self._slice([fetched[0]], offset, size, ref)
+
+    async def _loaded_small(self, ref: ObjectRef, offset: int, size: int) -> bytes | None:
+        """The bytes of a one-block object whose load is under way (a fetch ahead of its
+        reader, another reader's), awaited on this loop; None where no load is under way or
+        it failed: `read`, in a thread, then loads the block itself."""
+        loading = self._fetches.loading(ref.block(0))
+        if loading is None:
+            return None
+        try:
+            data = await asyncio.wrap_future(loading)
+        except (AvafsError, OSError):
+            return None
+        return self._slice([data], offset, size, ref)
+
+    async def fetch_ahead(self, ref: ObjectRef) -> bool:
+        """Loads an object of one small block that no tier holds or loads (`absent_small`)
+        with its one GET sent from this loop, if a fetch slot is free now; whether it did.
+        For a reader expected soon (`avafs/fuse/read_ahead.py`): its READ then finds the
+        block in the disk tier, or awaits this load (`_loaded_small`)."""
+        return await self._fetch_small(ref, 0, ref.size) is not None
 
     async def fetch_described(self, listed: ObjectInfo, ref: ObjectRef) -> ObjectInfo | None:
         """The attributes of a one-block object that neither tier holds, from the GET that

@@ -2,7 +2,8 @@
 (avafs/fuse/read_ahead.py), through real mounts of a moto bucket: each file still costs one
 GET and no HEAD, whether its reader's lookup finds it fetched or waits for its fetch under way;
 a shuffled reader's files are not fetched ahead; a file replaced in the store after its
-directory was listed reads as the store has it now, fetched ahead or not."""
+directory was listed reads as the store has it now, fetched ahead or not. With
+`--listing-attrs`, first reads are followed instead of lookups."""
 
 from __future__ import annotations
 
@@ -101,3 +102,21 @@ def test_files_replaced_after_the_listing_read_as_the_store_has_them(
         expected = (_body(number, 1), 0o600) if number in replaced else (_body(number), 0o640)
         assert _read(mnt, name) == expected, name
     assert Client(mnt).status()["read_ahead_files"] >= FILES - len(replaced) - 10
+
+
+def test_with_listing_attrs_first_reads_in_order_are_followed_and_stats_fetch_nothing(
+        s3_server, bucket, s3_mount):
+    """A lookup sends no request there, so a walk that stats every file fetches nothing;
+    readers taking the files in turn get them fetched ahead, one GET each, and a read that
+    overtakes a fetch waits for it."""
+    _store(s3_server, bucket)
+    mnt = s3_mount("--listing-attrs", "--read-only")
+    gets = object_gets(s3_server, bucket)
+    assert [os.stat(mnt / name).st_size for name in _names()] == \
+        [len(_body(number)) for number in range(FILES)]
+    assert object_gets(s3_server, bucket) == gets
+    with ThreadPoolExecutor(8) as pool:
+        found = list(pool.map(lambda name: (mnt / name).read_bytes(), _names()))
+    assert found == [_body(number) for number in range(FILES)]
+    assert Client(mnt).status()["read_ahead_files"] > FILES // 2
+    assert object_gets(s3_server, bucket) - gets == FILES
