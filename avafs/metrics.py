@@ -63,7 +63,8 @@ class Metrics:
         self.warmup_bytes = Counter("avafs_warmup_bytes", "Bytes loaded by warmups", registry=r)
         self.warmups_running = Gauge("avafs_warmups_running", "Warmups in progress", registry=r)
         self.read_ahead_files = Counter("avafs_read_ahead_files", "Small files fetched ahead "
-                                        "of lookups in a directory's name order", registry=r)
+                                        "of readers walking a directory in name order",
+                                        registry=r)
         self.prefetch_pending = Gauge("avafs_prefetch_pending", "Prefetch hints waiting",
                                       registry=r)
         self.dirty_bytes = Gauge("avafs_dirty_bytes", "Written bytes not yet in the store",

@@ -60,7 +60,8 @@ DIRECTORIES = 64
 
 @dataclass(slots=True)
 class _Run:
-    """The lookups in order in one directory, and how far ahead its files are fetched."""
+    """The lookups (with `--listing-attrs`, first reads) in order in one directory, and how
+    far ahead its files are fetched."""
 
     listing: CachedListing
     names: list[str]
@@ -93,8 +94,8 @@ class _Run:
 
 
 class DirectoryReadAhead:
-    """Fetches the files ahead of lookups in order (module docstring). Called on the FUSE
-    loop only."""
+    """Fetches the files ahead of lookups, or first reads, in order (module docstring).
+    Called on the FUSE loop only."""
 
     def __init__(self, namespace: Namespace, stack: TierStack, fetched: Counter,
                  describe: bool) -> None:
