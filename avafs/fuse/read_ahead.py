@@ -24,8 +24,9 @@ With `--listing-attrs` a lookup sends no request (so `ls -l` or `find` fetches n
 what is followed is each file's first READ instead, the GET of its bytes alone fetched ahead.
 
 Everything here runs on the FUSE loop: no lock. A directory's names are sorted once per listing
-(`sorted` of a store's listing, which comes in key order, is one pass); only the last
-DIRECTORIES directories looked up in are followed.
+(`sorted` of a store's listing, which comes in key order, is one pass) and kept while that
+listing is the cached one (a run refers to it weakly); only the last DIRECTORIES directories
+looked up in are followed.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -63,7 +65,8 @@ class _Run:
     """The lookups (with `--listing-attrs`, first reads) in order in one directory, and how
     far ahead its files are fetched."""
 
-    listing: CachedListing
+    listing: weakref.ReferenceType[CachedListing]
+    """The listing whose names these are: a run does not keep one alive."""
     names: list[str]
     first: int = -1
     furthest: int = -1
@@ -126,7 +129,7 @@ class DirectoryReadAhead:
         if position == len(run.names) or run.names[position] != node.name:
             return
         if run.note(position):
-            self._fetch_ahead(node.source, run)
+            self._fetch_ahead(node.source, run, listing)
 
     def fetching(self, source: str, key: str) -> asyncio.Task[None] | None:
         """The fetch ahead of this file under way, whose answer its lookup may wait for."""
@@ -135,21 +138,23 @@ class DirectoryReadAhead:
     def _run(self, source: str, prefix: str, listing: CachedListing) -> _Run:
         slot = (source, prefix)
         run = self._runs.get(slot)
-        if run is None or run.listing is not listing:
-            run = self._runs[slot] = _Run(listing, sorted(listing.entries))
+        if run is None or run.listing() is not listing:
+            for gone in [key for key, other in self._runs.items() if other.listing() is None]:
+                del self._runs[gone]  # listed again since: their names are no longer current
+            run = self._runs[slot] = _Run(weakref.ref(listing), sorted(listing.entries))
         self._runs.move_to_end(slot)
         while len(self._runs) > DIRECTORIES:
             self._runs.popitem(last=False)
         return run
 
-    def _fetch_ahead(self, source: str, run: _Run) -> None:
+    def _fetch_ahead(self, source: str, run: _Run, listing: CachedListing) -> None:
         """Starts the fetches of the run's next files, up to WINDOW past its furthest lookup
         and WINDOW fetches under way in all: the fetch slots beyond them stay free for the
         readers' own GETs."""
         position = max(run.fetched_to, run.furthest + 1)
         end = min(run.furthest + 1 + WINDOW, len(run.names))
         while position < end and len(self._fetching) < WINDOW:
-            entry = run.listing.entries.get(run.names[position])
+            entry = listing.entries.get(run.names[position])
             listed = None if entry is None else entry.info
             if listed is not None and listed.size > 0 and \
                     (listed.attrs is None or not self._describe) and \

@@ -63,7 +63,7 @@ class ListingUnavailable(StoreError):
     cached (transient: a later lookup asks again)."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)
 class CachedListing:
     fetched_at: float
     entries: dict[str, Entry] = field(default_factory=dict)

@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import random
+import weakref
 
 from avafs.fuse.read_ahead import JITTER, TRIGGER, _Run
 from avafs.namespace.listings import CachedListing
 
+LISTING = CachedListing(0.0)
+
 
 def _run() -> _Run:
-    return _Run(CachedListing(0.0), [])
+    return _Run(weakref.ref(LISTING), [])
 
 
 def _notes(positions: list[int]) -> list[bool]:
