@@ -2,7 +2,7 @@
 
 Why: a small file's first lookup costs one GET (the one that reads its attributes and brings
 its bytes, `TierStack.fetch_described`), and readers that walk a directory in order (a copy,
-an archiver, an evaluation pass, a dataset read unshuffled) have only as many of those GETs in
+an archiver, one reader's unshuffled pass over a dataset) have only as many of those GETs in
 flight as they have threads. Each GET then pays its round trip alone, and a store serves GETs
 that come a few at a time at a higher cost per GET than a steady stream of them. A lookup
 that follows the lookups before it in the directory's listing order starts the GETs of the
@@ -11,14 +11,16 @@ order.
 
 What counts as in order (`_Run`): lookups of files of one directory whose positions in its
 listing each fall within `JITTER` of the furthest one so far, and that cover at most twice as
-many positions as there were lookups: several readers taking the files in turn look up a few
-of them out of order, a shuffled reader's lookups scatter over the directory. After `TRIGGER`
-such lookups the next `WINDOW` files are fetched, and each lookup further on moves the window.
-A lookup elsewhere in the directory starts a new run. Only files of one small block that no tier
-holds or loads are fetched (at the defaults, only those whose attributes are not read yet),
-each as its own lookup would have fetched it, under a fetch slot that a reader's own read does
-not need: when none is free the file is left for its reader. A lookup of a file being fetched
-ahead waits for that GET instead of sending its own; a READ, for the block's load.
+many positions as there were lookups: several readers taking the files in turn look up a few of
+them out of order, a shuffled reader's lookups scatter over the directory. After `TRIGGER` such
+lookups the next `WINDOW` files are fetched, and each lookup further on moves the window. A
+lookup elsewhere in the directory starts a new run: readers each walking a different part of
+one directory are not followed (following several runs per directory would take shuffled
+readers for readers in order; docs/optimization-history.md). Only files of one small block that
+no tier holds or loads are fetched (at the defaults, only those whose attributes are not read
+yet), each as its own lookup would have fetched it, under a fetch slot that a reader's own read
+does not need: when none is free the file is left for its reader. A lookup of a file being
+fetched ahead waits for that GET instead of sending its own; a READ, for the block's load.
 
 With `--listing-attrs` a lookup sends no request (so `ls -l` or `find` fetches nothing), and
 what is followed is each file's first READ instead, the GET of its bytes alone fetched ahead.
