@@ -21,7 +21,7 @@ from ..errors import AvafsError, ObjectChangedError
 from ..namespace import Namespace
 from ..objects import ObjectRef, parent_prefix
 from ..reader.control_socket import WithPayload
-from ..tiers.stack import TierStack
+from ..tiers.stack import Piece, TierStack
 from ..writeback.manager import WriteBack
 from ..writeback.pending import DATA, Pending
 from .generation import InPlaceWatch
@@ -37,7 +37,7 @@ mount: each ask touches the block in the disk tier's LRU, so blocks in use stay 
 Plan = ObjectRef | Pending | OSError
 """Where a file's bytes are: a version in the tiers, a local file not yet uploaded, or an error."""
 
-Read = bytes | Pending | OSError | AvafsError
+Read = Piece | Pending | OSError | AvafsError
 """A file's bytes, read or still to read (a local file not yet uploaded), or why it cannot be."""
 
 
@@ -81,7 +81,7 @@ class FileReads:
         for (index, _), read in zip(refs, self.stack.read_whole([ref for _, ref in refs]),
                                     strict=True):
             plans[index] = read
-        payload: list[bytes] = []
+        payload: list[Piece] = []
         errors: dict[str, tuple[int, str]] = {}
         for index, plan in enumerate(plans):
             try:
@@ -129,8 +129,8 @@ class FileReads:
             return OSError(errno.EFBIG, f"larger than {MAX_FILE} bytes: open it")
         return plan
 
-    def _read(self, read: Read) -> bytes:
-        if isinstance(read, bytes):
+    def _read(self, read: Read) -> Piece:
+        if isinstance(read, (bytes, memoryview)):
             return read
         if isinstance(read, OSError):
             raise read

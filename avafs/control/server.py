@@ -50,7 +50,7 @@ class _RequestHandler(socketserver.StreamRequestHandler):
     def _send_progress(self, progress: dict[str, Any]) -> None:
         self._send({"progress": progress})
 
-    def _send(self, message: dict[str, Any], payload: list[bytes] = ()) -> None:
+    def _send(self, message: dict[str, Any], payload: list[bytes | memoryview] = ()) -> None:
         self.wfile.write(json.dumps(message).encode() + b"\n")
         self.wfile.writelines(payload)
         self.wfile.flush()

@@ -65,8 +65,8 @@ class LinkRequests:
         else:
             ref = await self._current_ref(node)
             with as_fuse_error():
-                target = await self.stack.read_async(ref, 0, ref.size,
-                                                     self.stack.new_read_ahead(), self._threads)
+                target = bytes(await self.stack.read_async(
+                    ref, 0, ref.size, self.stack.new_read_ahead(), self._threads))
         node.link_target = (info.etag, target)
         return target
 

@@ -32,7 +32,7 @@ class WithPayload:
     """A result whose answer carries raw bytes after its JSON line."""
 
     result: dict[str, Any]
-    payload: list[bytes]
+    payload: list[bytes | memoryview]
 
 
 @contextmanager

@@ -40,6 +40,8 @@ from .streams import STREAM_PIECE, Streams
 from .write_behind import WRITE_BEHIND_BLOCKS
 
 T = TypeVar("T")
+Piece = bytes | memoryview
+"""What a read answers: whole blocks as bytes, a part of one block as a view of it."""
 
 RELEASE_BEHIND = WRITE_BEHIND_BLOCKS + 2
 """Blocks before a sequential reader's previous block that each of its reads offers to
@@ -99,7 +101,7 @@ class TierStack:
         return ReadAhead(self._read_ahead)
 
     async def read_async(self, ref: ObjectRef, offset: int, size: int, read_ahead: ReadAhead,
-                         threads: Executor) -> bytes:
+                         threads: Executor) -> Piece:
         """The bytes of [offset, offset+size), for a reader on an asyncio loop (the FUSE
         request loop) that keeps `read_ahead` per open file. The cheapest way that can answer is
         taken, in this order:
@@ -141,7 +143,7 @@ class TierStack:
         READs it reads a block in."""
         return -(-offset // self.block_size) * self.block_size < offset + size
 
-    def read_whole(self, refs: list[ObjectRef]) -> list[bytes | AvafsError | OSError]:
+    def read_whole(self, refs: list[ObjectRef]) -> list[Piece | AvafsError | OSError]:
         """Each object's bytes, or the error (the store's or the disk's) reading it gave, for
         a batch of whole-file readers in one thread (blocks the caller). Objects all in RAM
         are taken first, before the loads of the others can evict them; every other object
@@ -149,7 +151,7 @@ class TierStack:
         being read (`expect_read`), so the batch waits for its slowest object, not for the
         sum of them. Small objects that no tier holds are first fetched from the request
         loop, side by side (`fetch_absent_small`)."""
-        results: list[bytes | AvafsError | OSError | None] = [
+        results: list[Piece | AvafsError | OSError | None] = [
             self._read_from_ram(ref, 0, ref.size) if ref.size else b"" for ref in refs]
         self._fetch_absent_on_loop(refs, results)
         for ref, result in zip(refs, results, strict=True):
@@ -166,7 +168,7 @@ class TierStack:
         return results
 
     def _fetch_absent_on_loop(self, refs: list[ObjectRef],
-                              results: list[bytes | AvafsError | OSError | None]) -> None:
+                              results: list[Piece | AvafsError | OSError | None]) -> None:
         """Fills in `results` the objects of one small block that no tier holds or loads,
         fetched on the request loop where it serves (blocks the caller, a thread)."""
         if self.cluster is not None:
@@ -186,7 +188,7 @@ class TierStack:
             block not in self.ram and block not in self._fetches
 
     async def fetch_absent_small(self, refs: list[ObjectRef]
-                                 ) -> list[bytes | AvafsError | OSError | None]:
+                                 ) -> list[Piece | AvafsError | OSError | None]:
         """Each whole one-block object's bytes from its one GET sent from this loop, side by
         side, or the error that GET gave; None for one fetched elsewhere meanwhile, which the
         caller reads as before. A GET that finds every fetch slot taken waits here for one
@@ -210,7 +212,7 @@ class TierStack:
         if done:
             self.ram.release(done)
 
-    def _read_from_ram(self, ref: ObjectRef, offset: int, size: int) -> bytes | None:
+    def _read_from_ram(self, ref: ObjectRef, offset: int, size: int) -> Piece | None:
         """The bytes if every block is in RAM, without blocking; else None."""
         parts = []
         for index in block_span(offset, size, ref.size, self.block_size):
@@ -223,7 +225,7 @@ class TierStack:
         self.metrics.served_from["ram"].inc(len(result))
         return result
 
-    def _read_small(self, ref: ObjectRef, offset: int, size: int) -> bytes | None:
+    def _read_small(self, ref: ObjectRef, offset: int, size: int) -> Piece | None:
         """The bytes of an object of one small block, from RAM, from what its lookup just
         fetched (`fresh.py`; counted as the disk tier's hit, which holds the same block) or
         straight from the disk tier; None if it is larger, loading, or in neither tier
@@ -264,7 +266,7 @@ class TierStack:
             self.disk.expect_read(block)
 
     async def _fetch_small(self, ref: ObjectRef, offset: int, size: int,
-                           wait_for_slot: bool = False) -> bytes | None:
+                           wait_for_slot: bool = False) -> Piece | None:
         """The bytes of a one-block object that neither tier holds (`_read_small` said None):
         the GET is the store's `get_range_async` (sent from the loop itself where the store
         can, else from a fetch thread), and the block is cached from the caller's loop,
@@ -281,7 +283,7 @@ class TierStack:
         fetched = await self._fetch_alone(ref, get, wait_for_slot)
         return None if fetched is None else self._slice([fetched[0]], offset, size, ref)
 
-    async def _loaded_small(self, ref: ObjectRef, offset: int, size: int) -> bytes | None:
+    async def _loaded_small(self, ref: ObjectRef, offset: int, size: int) -> Piece | None:
         """The bytes of a one-block object whose load is under way (a fetch ahead of its
         reader, another reader's), awaited on this loop; None where no load is under way or
         it failed: `read`, in a thread, then loads the block itself."""
@@ -361,7 +363,7 @@ class TierStack:
             self.metrics.served_from["disk"].inc(sum(sizes))
         return files
 
-    def read(self, ref: ObjectRef, offset: int, size: int) -> bytes:
+    def read(self, ref: ObjectRef, offset: int, size: int) -> Piece:
         """The bytes of [offset, offset+size), loading blocks as needed (blocks the caller).
 
         `bytes_served` counts what readers get from RAM, and what loads bring from the disk
@@ -388,11 +390,16 @@ class TierStack:
         resolved = [part if isinstance(part, bytes) else part.result() for part in parts]
         return self._slice(resolved, offset, size, ref)
 
-    def _slice(self, parts: list[bytes], offset: int, size: int, ref: ObjectRef) -> bytes:
+    def _slice(self, parts: list[bytes], offset: int, size: int, ref: ObjectRef) -> Piece:
+        """The bytes of [offset, offset+size) out of the blocks `parts` that hold them: a
+        whole block as it is, a part of one block as a view of it, not a copy (a FUSE READ
+        of a large file answers a quarter of a block at a time, and its answer is copied
+        into the kernel anyway; the view holds the block only until then)."""
         start = offset - (offset // self.block_size) * self.block_size
         end = start + min(size, ref.size - offset)
         if len(parts) == 1:
-            return parts[0][start:end]
+            part = parts[0]
+            return part if start == 0 and end == len(part) else memoryview(part)[start:end]
         # A read across a block boundary copies only its own bytes of each block, not the
         # whole blocks joined first.
         pieces: list[memoryview] = []

@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 
 Settled = Callable[[str, str, ObjectInfo | None], None]
 KeepCached = Callable[[str, ObjectInfo, Path], bool]
-ReadObject = Callable[[ObjectRef, int, int], bytes]
+ReadObject = Callable[[ObjectRef, int, int], bytes | memoryview]
 """Reads `size` bytes at `offset` of an object version (blocks): how an existing object is
 copied in when it is first opened for writing."""
 

@@ -108,6 +108,20 @@ def test_stream_promotes_disk_only_blocks_to_ram(stack, ref):
     assert _gets(stack) == requests
 
 
+def test_a_read_of_part_of_a_block_in_ram_is_a_view_of_it_not_a_copy(stack, ref):
+    stack.streams.stream(ref, 0, 2)
+    deadline = time.monotonic() + 10
+    while not stack.is_cached(ref, 1, "ram"):
+        assert time.monotonic() < deadline, "streamed blocks never reached RAM"
+        time.sleep(0.01)
+    block = stack.ram.get(ref.block(1))
+
+    part = _read_inline(stack, ref, BLOCK + 100, 1000)
+    assert isinstance(part, memoryview) and part.obj is block
+    assert part == block[100:1100]
+    assert _read_inline(stack, ref, BLOCK, BLOCK) is block
+
+
 def _read_sequentially(stack: TierStack, ref: ObjectRef) -> bytes:
     """The object read block by block through `read_async` with one read-ahead state, as the
     FUSE loop reads an open file; after each read, waits until the disk tier holds every
