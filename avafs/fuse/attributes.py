@@ -125,7 +125,8 @@ class AttributeAnswers:
         """Whether a file's attributes must still be read from its object."""
         return info is not None and info.attrs is None and not self.options.listing_attrs
 
-    async def _described(self, node: Node, lookup: bool = False) -> pyfuse3.EntryAttributes:
+    async def _described(self, node: Node, lookup: bool = False,
+                         reader: int | None = None) -> pyfuse3.EntryAttributes:
         """The node's attributes, its object's metadata read first where needed (one GET or
         HEAD). Where lookups in one directory go one at a time (`kernel.PARALLEL_LOOKUPS`
         false: the kernel holds the directory's lock through a LOOKUP), a LOOKUP (`lookup`)
@@ -134,7 +135,8 @@ class AttributeAnswers:
         uses them (a `stat`, the permission check of an `open`), which go side by side: a
         lookup that waited for the store would have every other new name of that directory
         wait with it. With parallel lookups the LOOKUP reads them itself, and the file costs
-        no GETATTR."""
+        no GETATTR. `reader`: the thread that sent the request, whose own run of lookups in
+        the directory the read-ahead follows (`DirectoryReadAhead.reached`)."""
         if node.is_dir:
             if self._undescribed_directory(node) and \
                     not self.namespace.marker_from_listing(node):
@@ -143,7 +145,7 @@ class AttributeAnswers:
         if not self.options.listing_attrs and not (
                 lookup and not kernel.PARALLEL_LOOKUPS
                 and _surely_regular(self.namespace.current_info(node))):
-            await self._info_with_attrs(node)
+            await self._info_with_attrs(node, reader)
         if not self._opens:
             await self._drop_replaced_pages(node)
         return self._attributes(node)
@@ -158,7 +160,7 @@ class AttributeAnswers:
             node.kernel_cached_etag = None
             await drop_pages(node.inode, self._threads)
 
-    async def _info_with_attrs(self, node: Node) -> ObjectInfo | None:
+    async def _info_with_attrs(self, node: Node, reader: int | None = None) -> ObjectInfo | None:
         """The file's info with its attributes: a small file's read from the GET that brings
         its bytes into the tiers, sent from this loop (its first read is then a hit, and the
         lookup costs no request of its own), or by the one fetching it ahead of this lookup
@@ -167,7 +169,7 @@ class AttributeAnswers:
         info = self.namespace.current_info(node)
         if info is None:
             return info
-        self._read_ahead.reached(node)
+        self._read_ahead.reached(node, reader)
         if info.attrs is not None or self.namespace.describe_paused():
             return info
         if info.size > 0:

@@ -155,10 +155,10 @@ class AvafsOperations(AttributeAnswers, DirectoryRequests, WriteRequests, Namesp
             if self.namespace.absence_guessed(parent, text):
                 negative.entry_timeout = 0  # guessed while the store is unreachable: ask again
             return negative
-        return await self._described(node, lookup=True)
+        return await self._described(node, lookup=True, reader=_reader(ctx))
 
     async def getattr(self, inode: int, ctx=None) -> pyfuse3.EntryAttributes:
-        return await self._described(self.namespace.node(inode))
+        return await self._described(self.namespace.node(inode), reader=_reader(ctx))
 
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
         for inode, count in inode_list:
@@ -322,3 +322,9 @@ class AvafsOperations(AttributeAnswers, DirectoryRequests, WriteRequests, Namesp
 
     async def removexattr(self, inode: int, name: bytes, ctx=None) -> None:
         raise pyfuse3.FUSEError(errno.ENOTSUP)
+
+
+def _reader(ctx: pyfuse3.RequestContext | None) -> int | None:
+    """Who sends the request: the kernel names the calling thread (its id; a process's only
+    thread has the process's), which the directory read-ahead follows on its own."""
+    return ctx.pid if ctx is not None else None

@@ -14,9 +14,12 @@ listing each fall within `JITTER` of the furthest one so far, and that cover at 
 many positions as there were lookups: several readers taking the files in turn look up a few of
 them out of order, a shuffled reader's lookups scatter over the directory. After `TRIGGER` such
 lookups the next `WINDOW` files are fetched, and each lookup further on moves the window. A
-lookup elsewhere in the directory starts a new run: readers each walking a different part of
-one directory are not followed (following several runs per directory would take shuffled
-readers for readers in order; docs/optimization-history.md). Only files of one small block that
+lookup elsewhere in the directory starts a new run. Each reader (the thread or process that
+sends the lookup, as the kernel names it) also has a run of its own in each directory, so that
+readers each walking a different part of one directory, as a `DataLoader`'s workers without
+shuffling do, are followed each in its part: their lookups break the directory's run, not their
+own. Not several runs per directory whoever looks up: that took shuffled readers for readers in
+order (docs/optimization-history.md). Only files of one small block that
 no tier holds or loads are fetched (at the defaults, only those whose attributes are not read
 yet), each as its own lookup would have fetched it, under a fetch slot that a reader's own read
 does not need: when none is free the file is left for its reader. A lookup of a file being
@@ -60,6 +63,8 @@ JITTER = 16
 about the readers that may take a directory's files in turn."""
 DIRECTORIES = 64
 """Directories whose lookups are followed at once."""
+READER_RUNS = 4 * DIRECTORIES
+"""Runs of one reader in one directory followed at once."""
 
 
 @dataclass(slots=True)
@@ -114,12 +119,14 @@ class DirectoryReadAhead:
         self._enabled = stack.cluster is None
         """A mount with a cluster tier reads blocks in threads (its lookups' GETs too)."""
         self._runs: OrderedDict[tuple[str, str], _Run] = OrderedDict()
+        self._reader_runs: OrderedDict[tuple[str, str, int], _Run] = OrderedDict()
         self._fetching: dict[tuple[str, str], asyncio.Task[None]] = {}
 
-    def reached(self, node: Node) -> None:
+    def reached(self, node: Node, reader: int | None = None) -> None:
         """A file's lookup, or with `--listing-attrs` its first read (a lookup then sends
         no request, and a walk that only stats files must not fetch them): follows its
-        directory's run, starting the fetches ahead of it."""
+        directory's run, and `reader`'s own run there where the caller names one (the
+        lookup's thread or process), starting the fetches ahead of whichever is in order."""
         if not self._enabled:
             return
         prefix = parent_prefix(node.key)
@@ -130,8 +137,13 @@ class DirectoryReadAhead:
         position = bisect.bisect_left(run.names, node.name)
         if position == len(run.names) or run.names[position] != node.name:
             return
-        if run.note(position):
+        in_order = run.note(position)
+        if in_order:
             self._fetch_ahead(node.source, run, listing)
+        if reader is not None:
+            own = self._reader_run(node.source, prefix, reader, run)
+            if own.note(position) and not in_order:
+                self._fetch_ahead(node.source, own, listing)
 
     def fetching(self, source: str, key: str) -> asyncio.Task[None] | None:
         """The fetch ahead of this file under way, whose answer its lookup may wait for."""
@@ -147,6 +159,20 @@ class DirectoryReadAhead:
         self._runs.move_to_end(slot)
         while len(self._runs) > DIRECTORIES:
             self._runs.popitem(last=False)
+        return run
+
+    def _reader_run(self, source: str, prefix: str, reader: int, directory: _Run) -> _Run:
+        """`reader`'s run in the directory whose run is `directory`, over the same names."""
+        slot = (source, prefix, reader)
+        run = self._reader_runs.get(slot)
+        if run is None or run.listing() is not directory.listing():
+            for gone in [key for key, other in self._reader_runs.items()
+                         if other.listing() is None]:
+                del self._reader_runs[gone]
+            run = self._reader_runs[slot] = _Run(directory.listing, directory.names)
+        self._reader_runs.move_to_end(slot)
+        while len(self._reader_runs) > READER_RUNS:
+            self._reader_runs.popitem(last=False)
         return run
 
     def _fetch_ahead(self, source: str, run: _Run, listing: CachedListing) -> None:

@@ -1,15 +1,17 @@
 """Small files of a directory read in name order are fetched ahead of their readers
 (avafs/fuse/read_ahead.py), through real mounts of a moto bucket: each file still costs one
 GET and no HEAD, whether its reader's lookup finds it fetched or waits for its fetch under way;
-a shuffled reader's files are not fetched ahead; a file replaced in the store after its
-directory was listed reads as the store has it now, fetched ahead or not. With
-`--listing-attrs`, first reads are followed instead of lookups."""
+readers each in their own part of a directory are each followed; a shuffled reader's files are
+not fetched ahead; a file replaced in the store after its directory was listed reads as the
+store has it now, fetched ahead or not. With `--listing-attrs`, first reads are followed
+instead of lookups."""
 
 from __future__ import annotations
 
 import os
 import random
 import stat
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -67,6 +69,35 @@ def test_readers_that_take_files_in_turn_wait_for_the_fetch_under_way(
     gets, heads = object_gets(s3_server, bucket), _file_heads(s3_server, bucket)
     with ThreadPoolExecutor(8) as pool:
         found = list(pool.map(lambda name: _read(mnt, name), _names()))
+    assert found == [(_body(number), 0o640) for number in range(FILES)]
+    assert Client(mnt).status()["read_ahead_files"] > FILES // 2
+    assert object_gets(s3_server, bucket) - gets == FILES
+    assert _file_heads(s3_server, bucket) == heads
+
+
+def test_readers_each_in_a_part_of_their_own_are_each_followed(s3_server, bucket, s3_mount):
+    """Four readers each reading a quarter of the directory in order, their lookups taking
+    turns (as a `DataLoader`'s workers without shuffling do, each with batches of its own):
+    together they are out of order, each alone is in order, and each gets its files fetched
+    ahead, one GET per file still."""
+    _store(s3_server, bucket)
+    mnt = s3_mount()
+    os.listdir(mnt / "data")
+    gets, heads = object_gets(s3_server, bucket), _file_heads(s3_server, bucket)
+    readers, names = 4, _names()
+    part = FILES // readers
+    turns = threading.Barrier(readers)
+
+    def read_part(reader: int) -> list[tuple[bytes, int]]:
+        found = []
+        for name in names[reader * part:(reader + 1) * part]:
+            turns.wait()
+            found.append(_read(mnt, name))
+        return found
+
+    with ThreadPoolExecutor(readers) as pool:
+        found = [each for part_found in pool.map(read_part, range(readers))
+                 for each in part_found]
     assert found == [(_body(number), 0o640) for number in range(FILES)]
     assert Client(mnt).status()["read_ahead_files"] > FILES // 2
     assert object_gets(s3_server, bucket) - gets == FILES
