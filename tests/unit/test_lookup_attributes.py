@@ -24,7 +24,7 @@ def _operations(size: int) -> tuple[AvafsOperations, list[object]]:
     operations._opens = True
     described: list[object] = []
 
-    async def info_with_attrs(node):
+    async def info_with_attrs(node, reader=None):
         described.append(node)
         return info
 
