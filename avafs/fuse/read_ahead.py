@@ -63,8 +63,8 @@ JITTER = 16
 about the readers that may take a directory's files in turn."""
 DIRECTORIES = 64
 """Directories whose lookups are followed at once."""
-READER_RUNS = 4 * DIRECTORIES
-"""Runs of one reader in one directory followed at once."""
+READERS = 16
+"""Readers whose own runs each directory keeps: the last ones to look up in it."""
 
 
 @dataclass(slots=True)
@@ -82,6 +82,22 @@ class _Run:
     """Positions before this were fetched ahead (or left to their readers) already."""
     seen: set[int] = field(default_factory=set)
     """Positions looked up in this run, those JITTER or less behind the furthest at least."""
+    readers: OrderedDict[int, _Run] | None = None
+    """A directory's run only: the runs of the last READERS readers in it, over its names,
+    which go with it when the directory is listed again."""
+
+    def reader(self, reader: int) -> _Run:
+        """`reader`'s own run in this directory."""
+        if self.readers is None:
+            self.readers = OrderedDict()
+        run = self.readers.get(reader)
+        if run is None:
+            run = self.readers[reader] = _Run(self.listing, self.names)
+            if len(self.readers) > READERS:
+                self.readers.popitem(last=False)
+        else:
+            self.readers.move_to_end(reader)
+        return run
 
     def note(self, position: int) -> bool:
         """Counts a lookup at `position`; whether the run is in order and long enough to
@@ -119,7 +135,6 @@ class DirectoryReadAhead:
         self._enabled = stack.cluster is None
         """A mount with a cluster tier reads blocks in threads (its lookups' GETs too)."""
         self._runs: OrderedDict[tuple[str, str], _Run] = OrderedDict()
-        self._reader_runs: OrderedDict[tuple[str, str, int], _Run] = OrderedDict()
         self._fetching: dict[tuple[str, str], asyncio.Task[None]] = {}
 
     def reached(self, node: Node, reader: int | None = None) -> None:
@@ -141,7 +156,7 @@ class DirectoryReadAhead:
         if in_order:
             self._fetch_ahead(node.source, run, listing)
         if reader is not None:
-            own = self._reader_run(node.source, prefix, reader, run)
+            own = run.reader(reader)
             if own.note(position) and not in_order:
                 self._fetch_ahead(node.source, own, listing)
 
@@ -159,20 +174,6 @@ class DirectoryReadAhead:
         self._runs.move_to_end(slot)
         while len(self._runs) > DIRECTORIES:
             self._runs.popitem(last=False)
-        return run
-
-    def _reader_run(self, source: str, prefix: str, reader: int, directory: _Run) -> _Run:
-        """`reader`'s run in the directory whose run is `directory`, over the same names."""
-        slot = (source, prefix, reader)
-        run = self._reader_runs.get(slot)
-        if run is None or run.listing() is not directory.listing():
-            for gone in [key for key, other in self._reader_runs.items()
-                         if other.listing() is None]:
-                del self._reader_runs[gone]
-            run = self._reader_runs[slot] = _Run(directory.listing, directory.names)
-        self._reader_runs.move_to_end(slot)
-        while len(self._reader_runs) > READER_RUNS:
-            self._reader_runs.popitem(last=False)
         return run
 
     def _fetch_ahead(self, source: str, run: _Run, listing: CachedListing) -> None:
