@@ -34,7 +34,7 @@ from ..config.options import MountOptions
 from ..namespace import NAME_MAX, ROOT_INODE, Namespace, Node, valid_name
 from ..objects import ObjectRef
 from ..stores.base import ObjectInfo
-from ..tiers.stack import TierStack
+from ..tiers.stack import Piece, TierStack
 from ..writeback.pending import DATA, Pending
 from .attributes import AttributeAnswers
 from .changes import NamespaceChanges
@@ -244,7 +244,7 @@ class AvafsOperations(AttributeAnswers, DirectoryRequests, WriteRequests, Namesp
             raise
         return OpenFile(inode, fd=fd, pending=pending, writable=flags != os.O_RDONLY)
 
-    async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
+    async def read(self, fh: int, off: int, size: int) -> Piece:
         handle = self._open[fh] if self._opens else await self._version_reader(fh)
         if handle.ref is None:
             return os.pread(handle.fd, size, off)
@@ -279,7 +279,7 @@ class AvafsOperations(AttributeAnswers, DirectoryRequests, WriteRequests, Namesp
             node.kernel_cached_etag = ref.etag
         return handle
 
-    async def _read_version(self, handle: OpenFile, off: int, size: int) -> bytes | memoryview:
+    async def _read_version(self, handle: OpenFile, off: int, size: int) -> Piece:
         with as_fuse_error():
             return await self.stack.read_async(handle.ref, off, size, handle.read_ahead,
                                                self._threads)
