@@ -6,7 +6,10 @@ checksum, so a block torn by a crash is detected and dropped instead of served. 
 CRC-32C (`google-crc32c`, the CPU's own instruction where it has one): every block a cold read
 fetches is summed once, and every block read after a remount once, so zlib's table-driven
 CRC-32 was a large share of the CPU of both. Records from before carry a CRC-32 and are checked
-with it. Which clean blocks
+with it. A tier closed cleanly syncs its file system and leaves a marker (`SYNCED_MARKER`): every
+block it indexed is then whole on the device, so the next mount serves them unchecked. The
+marker is removed, durably, before that mount writes anything, so a crash in it leaves none,
+and the mount after the crash checks every block again. Which clean blocks
 stay when the tier is full is its policy's choice: least recently used (`lru.py`) or, for
 datasets larger than the tier, least read with admission control (`frequency.py`). Files the
 index does not know (a crash between rename and index write) take disk space no cap accounts
@@ -17,6 +20,7 @@ and stops when the tier closes.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import shutil
@@ -49,6 +53,41 @@ _CHECKSUMS = {CRC32: zlib.crc32, CRC32C: google_crc32c.value}
 BLOCKS_DIR = "blocks"
 FOLDER_DIGITS = 2
 """Hex digits of a block file's name that name its folder: 256 folders."""
+SYNCED_MARKER = "synced"
+"""A file in the tier's root, there only between a clean close and the next open."""
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _sync_file_system(path: Path) -> None:
+    """syncfs(2) of the file system holding `path`: the block files and the index, written
+    without fsync, reach the device; other file systems are left alone, as sync(2) would not."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if _libc.syncfs(fd) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, os.strerror(error), str(path))
+    finally:
+        os.close(fd)
+
+
+def _fsync_directory(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _take_synced_marker(root: Path) -> bool:
+    """Whether the last tier on `root` closed cleanly; the marker is gone, on the device,
+    when this returns, so that blocks written from now on are never taken as synced."""
+    marker = root / SYNCED_MARKER
+    try:
+        marker.unlink()
+    except FileNotFoundError:
+        return False
+    _fsync_directory(root)
+    return True
 
 
 def _read_at_most(path: str, size: int) -> bytes | None:
@@ -99,6 +138,7 @@ class DiskTier(TierAccounting):
         self._tmp_dir = root / "tmp"
         shutil.rmtree(self._tmp_dir, ignore_errors=True)
         self._tmp_dir.mkdir(parents=True)
+        synced = _take_synced_marker(root)
         _make_folders(self._blocks_dir)
         self._lock = threading.Lock()
         self._writer = BlockFileWriter()
@@ -108,11 +148,14 @@ class DiskTier(TierAccounting):
                      if policy == "dataset" else CappedLRU(capacity, capacity_files, high, low))
         self._records: dict[BlockId, tuple[int, int, int]] = {}  # size, checksum, its kind
         self._checked: set[BlockId] = set()
-        """Blocks whose file this daemon wrote or has checked against its CRC: a crash that
-        tore a file happened before either, so these may be read without the check. A set,
-        not a map to each file's path, which would cost about 100 more bytes per block."""
+        """Blocks whose file this daemon wrote or has checked against its CRC, or that a clean
+        close synced: a crash that tore a file happened before any of these, so they may be
+        read without the check. A set, not a map to each file's path, which would cost about
+        100 more bytes per block."""
         self._index = Rdict(str(root / "index"), options=Options(raw_mode=True))
         self._load_index()
+        if synced:
+            self._checked.update(self._records)
         self._written_while_sweeping: set[str] | None = set()
         """Names of block files written since the sweep took its list of indexed blocks: the
         sweep must not take them for a crash's leftovers. None once the sweep has ended."""
@@ -188,13 +231,17 @@ class DiskTier(TierAccounting):
         return f"{self._root}/{_relative_path(block)}"
 
     def get(self, block: BlockId) -> bytes | None:
+        """The block's bytes, None if the tier lacks it or its file is damaged (then dropped).
+        A file's length is always checked; its checksum only until the block is checked."""
         with self._lock:
             record = self._records.get(block)
             if record is None:
                 return None
             self._lru.touch(block)
+            checked = block in self._checked
         data = _read_at_most(self._path(block), record[0] + 1)
-        if data is None or len(data) != record[0] or _CHECKSUMS[record[2]](data) != record[1]:
+        if data is None or len(data) != record[0] or (
+                not checked and _CHECKSUMS[record[2]](data) != record[1]):
             log.warning("disk tier: dropping damaged or missing block of %s", block.key)
             self.discard([block])
             return None
@@ -344,7 +391,9 @@ class DiskTier(TierAccounting):
 
     def close(self) -> None:
         """Record the LRU order and read counts, so the next mount evicts the same cold blocks
-        first (a crash loses them: blocks then come back in any order, with one read each)."""
+        first (a crash loses them: blocks then come back in any order, with one read each);
+        then sync the tier and mark it synced (a failed sync leaves no marker: the next mount
+        checks every block, as after a crash)."""
         self._closing.set()
         self._sweeper.join()
         with self._lock:
@@ -357,3 +406,11 @@ class DiskTier(TierAccounting):
                               _RECORD.pack(size, crc, sequence, self._lru.reads(block), kind))
             self._index.write(batch)
             self._index.close()
+        try:
+            _sync_file_system(self.root)
+            with open(self.root / SYNCED_MARKER, "wb") as marker:
+                os.fsync(marker.fileno())
+            _fsync_directory(self.root)
+        except OSError as error:
+            log.warning("disk tier: cannot sync the cache dir at close (%s); the next mount "
+                        "checks every block it reads", error)

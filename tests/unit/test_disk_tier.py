@@ -4,8 +4,10 @@ block files it reads, and the folders it makes for them.
 The sweep runs in the background while the mount already caches blocks, so it must tell a
 crash's leftovers from files written after it listed the index: once, it took the latter for
 the former and deleted blocks readers had just fetched; and a sweep that outlived its tier's
-`close` took the next tier's blocks for leftovers. A block file whose size or checksum
-(CRC-32C, or CRC-32 in records from before) does not match its record is dropped, not served.
+`close` took the next tier's blocks for leftovers. A block file whose size does not match its
+record is dropped, not served, and so is one whose checksum (CRC-32C, or CRC-32 in records
+from before) does not, until the block is checked: after a crash, but not after a clean close,
+which syncs every block and leaves a marker that the next open takes away.
 A file written through the mount may be adopted as a block once the store has it: moved into
 place and indexed as if fetched, or left where it is when the tier does not take it.
 """
@@ -25,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from avafs.objects import BlockId
+from avafs.tiers import disk
 from avafs.tiers.disk import DiskTier
 
 MIB = 1024 * 1024
@@ -36,6 +39,15 @@ def _block(index: int) -> BlockId:
 
 def _tier(root: Path, tier_class: type[DiskTier] = DiskTier) -> DiskTier:
     return tier_class(root, 64 * MIB, 1000, 0.9, 0.7)
+
+
+def _block_file(root: Path, block: BlockId) -> Path:
+    return root / "blocks" / block.file_name()[:2] / block.file_name()
+
+
+def _as_after_a_crash(root: Path) -> None:
+    """What a crash leaves where a clean close left its tier synced: no marker."""
+    (root / "synced").unlink()
 
 
 def _leave_unindexed_file(root: Path, block: BlockId) -> Path:
@@ -120,9 +132,9 @@ def test_blocks_recorded_with_a_crc32_are_still_served_and_still_checked(tmp_pat
     tier.put(_block(1), b"kept" * 1000)
     tier.put(_block(2), b"torn" * 1000)
     tier.close()
+    _as_after_a_crash(tmp_path)
     _rewrite_records_as_crc32(tmp_path)
-    torn = tmp_path / "blocks" / _block(2).file_name()[:2] / _block(2).file_name()
-    torn.write_bytes(b"torn" * 999 + b"TORN")
+    _block_file(tmp_path, _block(2)).write_bytes(b"torn" * 999 + b"TORN")
 
     tier = _tier(tmp_path)
     try:
@@ -138,18 +150,99 @@ def test_blocks_recorded_with_a_crc32_are_still_served_and_still_checked(tmp_pat
     lambda data: data[:-1],            # cut short
     lambda data: data[:-1] + b"?",     # same size, other bytes: the checksum tells
 ])
-def test_a_damaged_block_file_is_dropped_on_read(tmp_path, damage):
+def test_a_block_file_damaged_by_a_crash_is_dropped_on_read(tmp_path, damage):
+    tier = _tier(tmp_path)
+    data = bytes(range(256)) * 64
+    tier.put(_block(3), data)
+    tier.close()
+    _as_after_a_crash(tmp_path)
+    _block_file(tmp_path, _block(3)).write_bytes(damage(data))
+
     tier = _tier(tmp_path)
     try:
-        data = bytes(range(256)) * 64
-        tier.put(_block(3), data)
-        path = tmp_path / "blocks" / _block(3).file_name()[:2] / _block(3).file_name()
-        path.write_bytes(damage(data))
-
         assert tier.get(_block(3)) is None
         assert _block(3) not in tier
     finally:
         tier.close()
+
+
+def _counting_checksums(monkeypatch) -> list[int]:
+    """Sizes of the blocks whose checksum the tier computes from now on."""
+    summed: list[int] = []
+    checksums = {kind: (lambda data, sum_=sum_: summed.append(len(data)) or sum_(data))
+                 for kind, sum_ in disk._CHECKSUMS.items()}
+    monkeypatch.setattr(disk, "_CHECKSUMS", checksums)
+    return summed
+
+
+def test_blocks_synced_by_a_clean_close_are_served_unchecked_and_in_place(tmp_path,
+                                                                           monkeypatch):
+    tier = _tier(tmp_path)
+    tier.put(_block(1), b"synced" * 1000)
+    tier.close()
+    summed = _counting_checksums(monkeypatch)
+
+    tier = _tier(tmp_path)
+    try:
+        assert not (tmp_path / "synced").exists(), "the marker outlived the open"
+        assert tier.checked_file(_block(1)) is not None
+        assert tier.get(_block(1)) == b"synced" * 1000
+        assert summed == []
+    finally:
+        tier.close()
+
+
+def test_after_a_crash_a_block_is_checked_once_then_served_unchecked(tmp_path, monkeypatch):
+    tier = _tier(tmp_path)
+    tier.put(_block(1), b"unsynced" * 1000)
+    tier.close()
+    _as_after_a_crash(tmp_path)
+    summed = _counting_checksums(monkeypatch)
+
+    tier = _tier(tmp_path)
+    try:
+        assert tier.checked_file(_block(1)) is None
+        assert tier.get(_block(1)) == b"unsynced" * 1000
+        assert tier.get(_block(1)) == b"unsynced" * 1000
+        assert summed == [8000]
+        assert tier.checked_file(_block(1)) is not None
+    finally:
+        tier.close()
+
+
+def test_a_crash_after_a_clean_close_leaves_every_block_to_be_checked(tmp_path):
+    """The marker is taken at open: blocks written by a mount that then crashes are never
+    taken for synced, nor are those of the clean close before it (they look alike)."""
+    tier = _tier(tmp_path)
+    tier.put(_block(1), b"one" * 1000)
+    tier.close()
+    tier = _tier(tmp_path)
+    tier.put(_block(2), b"two" * 1000)
+    tier._index.close()  # what a crash leaves: the index as written, no marker
+    tier._closing.set()
+    tier._sweeper.join(10)
+    _block_file(tmp_path, _block(2)).write_bytes(b"TWO" * 1000)
+
+    tier = _tier(tmp_path)
+    try:
+        assert tier.checked_file(_block(1)) is None
+        assert tier.get(_block(1)) == b"one" * 1000
+        assert tier.get(_block(2)) is None, "a block torn in the crashed mount was served"
+    finally:
+        tier.close()
+
+
+def test_a_tier_that_cannot_sync_at_close_leaves_no_marker(tmp_path, monkeypatch):
+    tier = _tier(tmp_path)
+    tier.put(_block(1), b"one" * 1000)
+
+    def cannot_sync(path: Path) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(disk, "_sync_file_system", cannot_sync)
+    tier.close()
+
+    assert not (tmp_path / "synced").exists()
 
 
 def test_every_block_folder_is_made_when_the_tier_opens(tmp_path):
