@@ -135,6 +135,27 @@ def test_warm_files_are_read_in_place_and_a_block_evicted_meanwhile_is_asked_for
     assert reader.read_files(paths) == list(files.values())
 
 
+def test_blocks_left_by_a_clean_unmount_are_read_in_place_from_the_remount_on(
+        local_bucket, mount, tmp_path):
+    """A clean unmount syncs the disk tier, so the remount's readers on this machine get the
+    block files at once, with no bytes through the daemon to check them first."""
+    files = {f"{index}.bin": payload(index, 20 * KiB) for index in range(5)}
+    for name, data in files.items():
+        (local_bucket / name).write_bytes(data)
+    mnt = mount(local_bucket.as_uri())
+    paths = [mnt / name for name in files]
+    assert Client(mnt).read_files(paths) == list(files.values())
+    wait_for_disk_tier(Client(mnt), paths)
+    unmount(mnt)
+
+    mnt = mount(local_bucket.as_uri(), mountpoint=mnt)
+    reader = Client(mnt)
+    answer, answered = reader._read_request([reader.relative(path) for path in paths], True)
+    assert sorted(answer["files"]) == sorted(str(index) for index in range(len(files)))
+    assert answered == b"", "bytes went through the daemon"
+    assert reader.read_files(paths) == list(files.values())
+
+
 def test_blocks_left_by_a_mount_that_crashed_are_checked_before_anyone_reads_them_in_place(
         local_bucket, mount, tmp_path):
     data = payload(7, 20 * KiB)
