@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Builds pyfuse3 3.5.0 with third_party/pyfuse3/avafs.patch (FileInfo.noflush, a read sent
 # without an open given the inode, its asyncio mode's request loop and failures, opendir's
-# FileInfo with cache_readdir, and parallel directory operations) as a wheel, versioned
-# 3.5.0+avafs7 so that pip prefers it to PyPI's 3.5.0 when both are offered.
+# FileInfo with cache_readdir, parallel directory operations, and reads answered with a range
+# of a file, spliced) as a wheel, versioned
+# 3.5.0+avafs8 so that pip prefers it to PyPI's 3.5.0 when both are offered.
 #
 #   scripts/build_pyfuse3.sh install      # build it and install it (skipped if installed)
 #   scripts/build_pyfuse3.sh wheel DIR    # build the wheel into DIR (the CSI image)
 #
 # It is linked against libfuse 3.17, built from Debian's source by scripts/build_libfuse.sh
 # and carried inside the extension module. Where that source cannot be had, it is built
-# against the system's libfuse3 instead, versioned 3.5.0+avafs7.system, with a warning:
+# against the system's libfuse3 instead, versioned 3.5.0+avafs8.system, with a warning:
 # avafs runs the same on it, but lookups in one directory wait for each other (libfuse 3.14
 # never asks the kernel for parallel directory operations). `install` builds again until
 # the libfuse 3.17 build has succeeded once.
@@ -23,7 +24,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 version=3.5.0
-local_version="$version+avafs7"
+local_version="$version+avafs8"
 mode="${1:-install}"
 
 installed="$(python3 -c 'import importlib.metadata as m; print(m.version("pyfuse3"))' \

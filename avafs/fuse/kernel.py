@@ -31,6 +31,11 @@ PARALLEL_LOOKUPS = (hasattr(pyfuse3.Operations, "enable_parallel_dirops")
 (scripts/build_libfuse.sh). Without them the kernel holds a directory's lock through every
 LOOKUP of a new name and every READDIR, so lookups in one directory wait for each other."""
 
+FILE_RANGES = hasattr(pyfuse3, "FileRange")
+"""Whether a read may be answered with a range of an open file (third_party/pyfuse3's patch),
+which libfuse splices into /dev/fuse from the file's page cache where the kernel allows it:
+no copy of the bytes through the daemon's memory, and none into its RAM tier."""
+
 
 async def drop_pages(inode: int, threads: Executor) -> None:
     """The kernel's cached pages of an inode, dropped from a worker thread (the kernel

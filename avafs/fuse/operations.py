@@ -34,14 +34,14 @@ from ..config.options import MountOptions
 from ..namespace import NAME_MAX, ROOT_INODE, Namespace, Node, valid_name
 from ..objects import ObjectRef
 from ..stores.base import ObjectInfo
-from ..tiers.stack import Piece, TierStack
+from ..tiers.stack import FileRange, Piece, TierStack
 from ..writeback.pending import DATA, Pending
 from .attributes import AttributeAnswers
 from .changes import NamespaceChanges
 from .directories import DirectoryRequests
 from .errors import as_fuse_error, guarded
 from .handles import OpenDirectory, OpenFile
-from .kernel import READER, READS_NAME_INODE, drop_pages
+from .kernel import FILE_RANGES, READER, READS_NAME_INODE, drop_pages
 from .links import LinkRequests
 from .read_ahead import DirectoryReadAhead
 from .writes import WriteRequests
@@ -55,6 +55,8 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 @guarded
 class AvafsOperations(AttributeAnswers, DirectoryRequests, WriteRequests, NamespaceChanges,
                       LinkRequests, pyfuse3.Operations):
+    enable_splice_write = FILE_RANGES
+    """READs answered with a range of a block file (`_read_version`) are spliced from it."""
     enable_parallel_dirops = True
     """LOOKUPs and READDIRs of one directory may run side by side: a lookup that waits for
     the store (a listing, the GET that describes a small file) then holds up no other name of
@@ -244,7 +246,7 @@ class AvafsOperations(AttributeAnswers, DirectoryRequests, WriteRequests, Namesp
             raise
         return OpenFile(inode, fd=fd, pending=pending, writable=flags != os.O_RDONLY)
 
-    async def read(self, fh: int, off: int, size: int) -> Piece:
+    async def read(self, fh: int, off: int, size: int) -> Piece | pyfuse3.FileRange:
         handle = self._open[fh] if self._opens else await self._version_reader(fh)
         if handle.ref is None:
             return os.pread(handle.fd, size, off)
@@ -279,10 +281,18 @@ class AvafsOperations(AttributeAnswers, DirectoryRequests, WriteRequests, Namesp
             node.kernel_cached_etag = ref.etag
         return handle
 
-    async def _read_version(self, handle: OpenFile, off: int, size: int) -> Piece:
+    async def _read_version(self, handle: OpenFile, off: int, size: int
+                            ) -> Piece | pyfuse3.FileRange:
         with as_fuse_error():
-            return await self.stack.read_async(handle.ref, off, size, handle.read_ahead,
-                                               self._threads)
+            answer = await self.stack.read_async(handle.ref, off, size, handle.read_ahead,
+                                                 self._threads, file_ranges=FILE_RANGES)
+            if not isinstance(answer, FileRange):
+                return answer
+            try:
+                fd = os.open(answer.path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:  # evicted since: read as any block the tiers lack
+                return await self._blocking(self.stack.read, handle.ref, off, size)
+            return pyfuse3.FileRange(fd, answer.offset, answer.length)
 
     async def release(self, fh: int) -> None:
         handle = self._open.pop(fh, None)

@@ -19,6 +19,7 @@ it are unchanged.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, Future
 from pathlib import Path
@@ -42,6 +43,17 @@ from .write_behind import WRITE_BEHIND_BLOCKS
 T = TypeVar("T")
 Piece = bytes | memoryview
 """What a read answers: whole blocks as bytes, a part of one block as a view of it."""
+
+
+class FileRange(NamedTuple):
+    """What a read may answer instead of bytes (`read_async`'s `file_ranges`): `length` bytes
+    of the disk tier's block file at `path` from `offset`. The file is never rewritten with
+    other bytes, but it may be evicted (unlinked) before the caller opens it."""
+
+    path: str
+    offset: int
+    length: int
+
 
 RELEASE_BEHIND = WRITE_BEHIND_BLOCKS + 2
 """Blocks before a sequential reader's previous block that each of its reads offers to
@@ -101,7 +113,7 @@ class TierStack:
         return ReadAhead(self._read_ahead)
 
     async def read_async(self, ref: ObjectRef, offset: int, size: int, read_ahead: ReadAhead,
-                         threads: Executor) -> Piece:
+                         threads: Executor, file_ranges: bool = False) -> Piece | FileRange:
         """The bytes of [offset, offset+size), for a reader on an asyncio loop (the FUSE
         request loop) that keeps `read_ahead` per open file. The cheapest way that can answer is
         taken, in this order:
@@ -111,12 +123,19 @@ class TierStack:
         2. such an object in neither tier: its one GET from the loop where the store can
            send it so (`get_range_async`), else in a worker thread, the rest on the loop
            (`_fetch_small`);
-        3. a larger object first takes its reader's read-ahead into account, which may start
+        3. a larger object whose blocks in the range are all in the disk tier, checked, and
+           none in RAM (after a remount): for a caller that takes `file_ranges` (the kernel
+           splices them from the file's page cache), a range within one block is answered
+           as that `FileRange`, on the loop; a range across two blocks is read from their
+           files in a worker thread. Neither is loaded into RAM nor starts a stream: the
+           files of the blocks ahead start being read instead (`_expect_block_files`);
+        4. a larger object first takes its reader's read-ahead into account, which may start
            a stream (never blocks); then every block in RAM: sliced here, on the loop;
-        4. anything else: `read` in one of the caller's `threads` (its pool for every
+        5. anything else: `read` in one of the caller's `threads` (its pool for every
            request that may block).
 
-        A thread hop costs more than an answer already in memory, so 1 and 3 take none."""
+        A thread hop costs more than an answer already in memory, so 1, 3's ranges and 4
+        take none."""
         data = self._read_small(ref, offset, size)
         if data is None and self._fetches.is_small(ref):
             data = await self._fetch_small(ref, offset, size)
@@ -125,6 +144,18 @@ class TierStack:
         if data is not None:
             return data
         span = block_span(offset, size, ref.size, self.block_size)
+        files = self._block_files(ref, span) if file_ranges and ref.size > self.block_size \
+            else None
+        if files is not None:
+            if self._reaches_a_block_start(offset, size):
+                self._expect_block_files(ref, span.stop)
+            end = min(offset + size, ref.size)
+            if len(files) == 1:
+                self.metrics.tier_hits["disk"].inc()
+                self.metrics.served_from["disk"].inc(end - offset)
+                return FileRange(files[0], offset - span.start * self.block_size, end - offset)
+            return await asyncio.get_running_loop().run_in_executor(
+                threads, self._read_block_files, ref, files, span.start, offset, end)
         if ref.size > self.block_size and span:  # a one-block object is loaded by `read`
             wanted = read_ahead.next_stream(span, self.block_count(ref))
             if wanted is not None:
@@ -136,6 +167,51 @@ class TierStack:
         if span.start > 1 and self._reaches_a_block_start(offset, size):
             self._release(ref, range(max(0, span.start - RELEASE_BEHIND), span.start - 1))
         return data
+
+    def _block_files(self, ref: ObjectRef, span: range) -> list[str] | None:
+        """The disk tier's files of the span's blocks, if it holds every one checked and RAM
+        holds none of them; else None."""
+        files = []
+        for index in span:
+            block = ref.block(index)
+            if block in self.ram:
+                return None
+            file = self.disk.checked_file(block)
+            if file is None:
+                return None
+            files.append(f"{self.disk.root}/{file}")
+        return files
+
+    def _expect_block_files(self, ref: ObjectRef, start: int) -> None:
+        """The files of the `read_ahead` blocks from `start` start being read from the device
+        (`DiskTier.expect_read`), so that a reader served from block files (`read_async`,
+        3) finds the next ones in the page cache rather than waiting for the device on the
+        loop. Asked at each block a reader enters: a hint for a file already read is an open
+        and an fadvise."""
+        for index in range(start, min(start + self._read_ahead, self.block_count(ref))):
+            self.disk.expect_read(ref.block(index))
+
+    def _read_block_files(self, ref: ObjectRef, files: list[str], first: int, offset: int,
+                          end: int) -> Piece:
+        """Bytes [offset, end) of `ref` from the files of its blocks `first`, ... (a range
+        across blocks that `read_async` serves from the disk tier without loading the blocks
+        into RAM). A file evicted meanwhile, or shorter than its block, leaves the range to
+        `read`, which loads the blocks and drops a damaged one."""
+        parts = []
+        for position, path in enumerate(files):
+            base = (first + position) * self.block_size
+            start, stop = max(offset, base), min(end, base + self.block_size)
+            try:
+                with open(path, "rb", buffering=0) as file:
+                    part = os.pread(file.fileno(), stop - start, start - base)
+            except FileNotFoundError:
+                return self.read(ref, offset, end - offset)
+            if len(part) != stop - start:
+                return self.read(ref, offset, end - offset)
+            parts.append(part)
+        self.metrics.tier_hits["disk"].inc(len(files))
+        self.metrics.served_from["disk"].inc(end - offset)
+        return b"".join(parts)
 
     def _reaches_a_block_start(self, offset: int, size: int) -> bool:
         """Whether [offset, offset+size) holds the first byte of a block: a sequential reader

@@ -6,6 +6,7 @@ and by the daemon's snapshot for readers to come), with real daemons."""
 from __future__ import annotations
 
 import marshal
+import mmap
 import multiprocessing
 import os
 import pickle
@@ -23,6 +24,7 @@ from avafs.client import AvafsError, Client
 from avafs.config.cache_dir import LOCATIONS_FILE
 
 KiB = 1024
+MiB = 1024 * KiB
 
 
 def wait_for_disk_tier(reader: Client, paths: list) -> None:
@@ -154,6 +156,35 @@ def test_blocks_left_by_a_clean_unmount_are_read_in_place_from_the_remount_on(
     assert sorted(answer["files"]) == sorted(str(index) for index in range(len(files)))
     assert answered == b"", "bytes went through the daemon"
     assert reader.read_files(paths) == list(files.values())
+
+
+def test_a_large_file_read_after_a_clean_remount_is_sent_from_the_disk_tiers_files(
+        local_bucket, mount, tmp_path):
+    """Its blocks are not copied into RAM: each READ is a range of a block file, which the
+    kernel splices, or, across two blocks, read from both files. Sequential and random reads
+    of any size give the file's bytes."""
+    data = payload(3, 10 * MiB + 12345)
+    (local_bucket / "big.bin").write_bytes(data)
+    mnt = mount(local_bucket.as_uri())
+    assert (mnt / "big.bin").read_bytes() == data
+    unmount(mnt)  # its blocks' writes to the disk tier end before the daemon does
+
+    mnt = mount(local_bucket.as_uri(), mountpoint=mnt)
+    assert (mnt / "big.bin").read_bytes() == data
+    fd = os.open(mnt / "big.bin", os.O_RDONLY | os.O_DIRECT)
+    buffer = mmap.mmap(-1, 2 * MiB)
+    try:
+        for offset, size in [(0, 4096), (4 * MiB - 4096, 2 * MiB), (10 * MiB, 1 * MiB),
+                             (3 * MiB + 8192, 65536), (8 * MiB - 8192, 16384)]:
+            with memoryview(buffer)[:size] as view:
+                got = os.preadv(fd, [view], offset)
+            assert buffer[:got] == data[offset:offset + size], (offset, size)
+    finally:
+        os.close(fd)
+        buffer.close()
+    status = Client(mnt).status()
+    assert status["tiers"]["ram"]["used_bytes"] == 0
+    assert status["bytes_served"]["store"] == 0
 
 
 def test_blocks_left_by_a_mount_that_crashed_are_checked_before_anyone_reads_them_in_place(

@@ -23,7 +23,7 @@ from avafs.stores.instrumented import InstrumentedStore
 from avafs.stores.local import LocalStore
 from avafs.tiers.disk import DiskTier
 from avafs.tiers.ram import RamTier
-from avafs.tiers.stack import TierStack
+from avafs.tiers.stack import FileRange, TierStack
 from avafs.tiers.write_behind import WRITE_BEHIND_BLOCKS
 
 BLOCK = 64 * 1024
@@ -475,3 +475,78 @@ def test_objects_of_more_than_one_small_block_are_fetched_off_the_loop(tmp_path,
     assert _read_on_loop(stack, large, BLOCK - 5, 6) == data[BLOCK - 5:]
     assert large.store.fetching_threads
     assert threading.get_ident() not in large.store.fetching_threads, "fetched on the loop"
+
+
+def _on_disk_only(stack: TierStack, ref: ObjectRef) -> bytes:
+    """Every block in the disk tier and none in RAM, as after a remount; the object's bytes."""
+    for index in range(BLOCKS):
+        stack.load(ref, index, to_ram=False)
+    assert not any(stack.is_cached(ref, index, "ram") for index in range(BLOCKS))
+    return b"".join(stack.disk.get(ref.block(index)) for index in range(BLOCKS))
+
+
+def _read_ranges(stack: TierStack, ref: ObjectRef, offset: int, size: int,
+                 threads: Executor) -> object:
+    """`read_async` for a caller that takes file ranges, as the FUSE loop is."""
+    return asyncio.run(stack.read_async(ref, offset, size, stack.new_read_ahead(), threads,
+                                        file_ranges=True))
+
+
+def test_a_read_within_a_block_only_on_disk_is_a_range_of_its_file(stack, ref):
+    data = _on_disk_only(stack, ref)
+    requests = _gets(stack)
+
+    answer = _read_ranges(stack, ref, 3 * BLOCK + 100, 1000, _NoThreads())
+
+    assert isinstance(answer, FileRange) and (answer.offset, answer.length) == (100, 1000)
+    with open(answer.path, "rb") as file:
+        file.seek(answer.offset)
+        assert file.read(answer.length) == data[3 * BLOCK + 100:3 * BLOCK + 1100]
+    assert not any(stack.is_cached(ref, index, "ram") for index in range(BLOCKS))
+    assert _gets(stack) == requests
+    last = _read_ranges(stack, ref, (BLOCKS - 1) * BLOCK, BLOCK, _NoThreads())
+    assert last.length == BLOCK - 100, "the object's end, not the block size"
+
+
+def test_a_read_across_blocks_only_on_disk_is_read_from_their_files_not_into_ram(stack, ref):
+    data = _on_disk_only(stack, ref)
+    requests = _gets(stack)
+
+    with ThreadPoolExecutor(1) as threads:
+        answer = _read_ranges(stack, ref, 2 * BLOCK - 10, BLOCK, threads)
+
+    assert answer == data[2 * BLOCK - 10:3 * BLOCK - 10]
+    time.sleep(0.2)  # a stream, had one started, would bring blocks in meanwhile
+    assert not any(stack.is_cached(ref, index, "ram") for index in range(BLOCKS))
+    assert _gets(stack) == requests
+
+
+class _EvictingFirst(ThreadPoolExecutor):
+    """Unlinks a file before the work it is given runs: an eviction in between."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(1)
+        self.path = path
+
+    def submit(self, fn: Callable[..., object], /, *args: object,
+               **kwargs: object) -> Future[object]:
+        os.unlink(self.path)
+        return super().submit(fn, *args, **kwargs)
+
+
+def test_a_block_file_evicted_under_a_read_across_blocks_is_fetched_again(stack, ref):
+    data = _on_disk_only(stack, ref)
+    evicted = f"{stack.disk.root}/{stack.disk.checked_file(ref.block(5))}"
+
+    with _EvictingFirst(evicted) as threads:
+        answer = _read_ranges(stack, ref, 5 * BLOCK - 10, 20, threads)
+
+    assert answer == data[5 * BLOCK - 10:5 * BLOCK + 10]
+
+
+def test_a_caller_that_takes_no_ranges_gets_bytes_and_the_blocks_in_ram(stack, ref):
+    data = _on_disk_only(stack, ref)
+
+    assert _read_on_loop(stack, ref, 3 * BLOCK + 100, 1000) == data[3 * BLOCK + 100:
+                                                                    3 * BLOCK + 1100]
+    assert stack.is_cached(ref, 3, "ram")
