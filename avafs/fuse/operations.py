@@ -34,7 +34,7 @@ from ..config.options import MountOptions
 from ..namespace import NAME_MAX, ROOT_INODE, Namespace, Node, valid_name
 from ..objects import ObjectRef
 from ..stores.base import ObjectInfo
-from ..tiers.stack import FileRange, Piece, TierStack
+from ..tiers.stack import BlockFileRange, Piece, TierStack
 from ..writeback.pending import DATA, Pending
 from .attributes import AttributeAnswers
 from .changes import NamespaceChanges
@@ -286,13 +286,19 @@ class AvafsOperations(AttributeAnswers, DirectoryRequests, WriteRequests, Namesp
         with as_fuse_error():
             answer = await self.stack.read_async(handle.ref, off, size, handle.read_ahead,
                                                  self._threads, file_ranges=FILE_RANGES)
-            if not isinstance(answer, FileRange):
+            if not isinstance(answer, BlockFileRange):
                 return answer
             try:
                 fd = os.open(answer.path, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:  # evicted since: read as any block the tiers lack
-                return await self._blocking(self.stack.read, handle.ref, off, size)
-            return pyfuse3.FileRange(fd, answer.offset, answer.length)
+            except FileNotFoundError:
+                fd = -1
+            if fd >= 0 and os.fstat(fd).st_size >= answer.offset + answer.length:
+                return pyfuse3.FileRange(fd, answer.offset, answer.length)
+            # Evicted since, or cut short (a splice would end the READ early, and the reader
+            # would take that for the file's end): read as a block the tiers lack.
+            if fd >= 0:
+                os.close(fd)
+            return await self._blocking(self.stack.read, handle.ref, off, size)
 
     async def release(self, fh: int) -> None:
         handle = self._open.pop(fh, None)

@@ -45,7 +45,7 @@ Piece = bytes | memoryview
 """What a read answers: whole blocks as bytes, a part of one block as a view of it."""
 
 
-class FileRange(NamedTuple):
+class BlockFileRange(NamedTuple):
     """What a read may answer instead of bytes (`read_async`'s `file_ranges`): `length` bytes
     of the disk tier's block file at `path` from `offset`. The file is never rewritten with
     other bytes, but it may be evicted (unlinked) before the caller opens it."""
@@ -113,7 +113,7 @@ class TierStack:
         return ReadAhead(self._read_ahead)
 
     async def read_async(self, ref: ObjectRef, offset: int, size: int, read_ahead: ReadAhead,
-                         threads: Executor, file_ranges: bool = False) -> Piece | FileRange:
+                         threads: Executor, file_ranges: bool = False) -> Piece | BlockFileRange:
         """The bytes of [offset, offset+size), for a reader on an asyncio loop (the FUSE
         request loop) that keeps `read_ahead` per open file. The cheapest way that can answer is
         taken, in this order:
@@ -126,7 +126,7 @@ class TierStack:
         3. a larger object whose blocks in the range are all in the disk tier, checked, and
            none in RAM (after a remount): for a caller that takes `file_ranges` (the kernel
            splices them from the file's page cache), a range within one block is answered
-           as that `FileRange`, on the loop; a range across two blocks is read from their
+           as that `BlockFileRange`, on the loop; a range across two blocks is read from their
            files in a worker thread. Neither is loaded into RAM nor starts a stream: the
            files of the blocks ahead start being read instead (`_expect_block_files`);
         4. a larger object first takes its reader's read-ahead into account, which may start
@@ -153,7 +153,7 @@ class TierStack:
             if len(files) == 1:
                 self.metrics.tier_hits["disk"].inc()
                 self.metrics.served_from["disk"].inc(end - offset)
-                return FileRange(files[0], offset - span.start * self.block_size, end - offset)
+                return BlockFileRange(files[0], offset - span.start * self.block_size, end - offset)
             return await asyncio.get_running_loop().run_in_executor(
                 threads, self._read_block_files, ref, files, span.start, offset, end)
         if ref.size > self.block_size and span:  # a one-block object is loaded by `read`

@@ -187,6 +187,23 @@ def test_a_large_file_read_after_a_clean_remount_is_sent_from_the_disk_tiers_fil
     assert status["bytes_served"]["store"] == 0
 
 
+def test_a_block_file_cut_short_under_a_remount_is_fetched_again_not_sent_short(
+        local_bucket, mount, tmp_path):
+    data = payload(4, 10 * MiB)
+    (local_bucket / "big.bin").write_bytes(data)
+    mnt = mount(local_bucket.as_uri())
+    assert (mnt / "big.bin").read_bytes() == data
+    unmount(mnt)
+    blocks = [path for path in (tmp_path / "cache" / "disk" / "blocks").rglob("*")
+              if path.is_file()]
+    [middle] = [path for path in blocks if path.read_bytes() == data[4 * MiB:8 * MiB]]
+    os.truncate(middle, 1 * MiB)
+
+    mnt = mount(local_bucket.as_uri(), mountpoint=mnt)
+    assert (mnt / "big.bin").read_bytes() == data
+    assert Client(mnt).status()["bytes_served"]["store"] >= 4 * MiB
+
+
 def test_blocks_left_by_a_mount_that_crashed_are_checked_before_anyone_reads_them_in_place(
         local_bucket, mount, tmp_path):
     data = payload(7, 20 * KiB)

@@ -23,7 +23,7 @@ from avafs.stores.instrumented import InstrumentedStore
 from avafs.stores.local import LocalStore
 from avafs.tiers.disk import DiskTier
 from avafs.tiers.ram import RamTier
-from avafs.tiers.stack import FileRange, TierStack
+from avafs.tiers.stack import BlockFileRange, TierStack
 from avafs.tiers.write_behind import WRITE_BEHIND_BLOCKS
 
 BLOCK = 64 * 1024
@@ -498,7 +498,7 @@ def test_a_read_within_a_block_only_on_disk_is_a_range_of_its_file(stack, ref):
 
     answer = _read_ranges(stack, ref, 3 * BLOCK + 100, 1000, _NoThreads())
 
-    assert isinstance(answer, FileRange) and (answer.offset, answer.length) == (100, 1000)
+    assert isinstance(answer, BlockFileRange) and (answer.offset, answer.length) == (100, 1000)
     with open(answer.path, "rb") as file:
         file.seek(answer.offset)
         assert file.read(answer.length) == data[3 * BLOCK + 100:3 * BLOCK + 1100]
