@@ -128,7 +128,8 @@ class TierStack:
            splices them from the file's page cache), a range within one block is answered
            as that `BlockFileRange`, on the loop; a range across two blocks is read from their
            files in a worker thread. Neither is loaded into RAM nor starts a stream: the
-           files of the blocks ahead start being read instead (`_expect_block_files`);
+           files of the blocks the stream would have asked for start being read instead
+           (`_expect_block_files`);
         4. a larger object first takes its reader's read-ahead into account, which may start
            a stream (never blocks); then every block in RAM: sliced here, on the loop;
         5. anything else: `read` in one of the caller's `threads` (its pool for every
@@ -147,8 +148,10 @@ class TierStack:
         files = self._block_files(ref, span) if file_ranges and ref.size > self.block_size \
             else None
         if files is not None:
-            if self._reaches_a_block_start(offset, size):
-                self._expect_block_files(ref, span.stop)
+            wanted = read_ahead.next_stream(span, self.block_count(ref))
+            if wanted is not None:
+                self._expect_block_files(ref, wanted)
+                read_ahead.streamed(wanted, wanted.stop)
             end = min(offset + size, ref.size)
             if len(files) == 1:
                 self.metrics.tier_hits["disk"].inc()
@@ -182,13 +185,12 @@ class TierStack:
             files.append(f"{self.disk.root}/{file}")
         return files
 
-    def _expect_block_files(self, ref: ObjectRef, start: int) -> None:
-        """The files of the `read_ahead` blocks from `start` start being read from the device
-        (`DiskTier.expect_read`), so that a reader served from block files (`read_async`,
-        3) finds the next ones in the page cache rather than waiting for the device on the
-        loop. Asked at each block a reader enters: a hint for a file already read is an open
-        and an fadvise."""
-        for index in range(start, min(start + self._read_ahead, self.block_count(ref))):
+    def _expect_block_files(self, ref: ObjectRef, wanted: range) -> None:
+        """The files of the blocks a reader served from block files (`read_async`, 3) would
+        have had streamed (its read-ahead's `wanted`) start being read from the device
+        (`DiskTier.expect_read`), so that it finds them in the page cache rather than waits
+        for the device on the loop; random readers get none, as they get no stream."""
+        for index in range(wanted.start, min(wanted.stop, self.block_count(ref))):
             self.disk.expect_read(ref.block(index))
 
     def _read_block_files(self, ref: ObjectRef, files: list[str], first: int, offset: int,

@@ -550,3 +550,26 @@ def test_a_caller_that_takes_no_ranges_gets_bytes_and_the_blocks_in_ram(stack, r
     assert _read_on_loop(stack, ref, 3 * BLOCK + 100, 1000) == data[3 * BLOCK + 100:
                                                                     3 * BLOCK + 1100]
     assert stack.is_cached(ref, 3, "ram")
+
+
+def test_block_files_a_sequential_reader_reaches_are_hinted_and_a_random_readers_are_not(
+        stack, ref, monkeypatch):
+    _on_disk_only(stack, ref)
+    hinted: list[int] = []
+    monkeypatch.setattr(stack.disk, "expect_read", lambda block: hinted.append(block.index))
+
+    def read(read_ahead: object, offset: int) -> None:
+        with ThreadPoolExecutor(1) as threads:
+            asyncio.run(stack.read_async(ref, offset, 1000, read_ahead, threads,
+                                         file_ranges=True))
+
+    sequential = stack.new_read_ahead()
+    for offset in range(0, 3 * BLOCK, 1000):
+        read(sequential, offset)
+    assert hinted == list(range(BLOCKS)), "each block ahead of the reader, once"
+
+    hinted.clear()
+    scattered = stack.new_read_ahead()
+    for index in (7, 2, 10, 4):
+        read(scattered, index * BLOCK)
+    assert hinted == []
