@@ -34,7 +34,8 @@ from ..config.options import MountOptions
 from ..namespace import NAME_MAX, ROOT_INODE, Namespace, Node, valid_name
 from ..objects import ObjectRef
 from ..stores.base import ObjectInfo
-from ..tiers.stack import BlockFileRange, Piece, TierStack
+from ..tiers.block_file_reads import BlockFileRange
+from ..tiers.stack import Piece, TierStack
 from ..writeback.pending import DATA, Pending
 from .attributes import AttributeAnswers
 from .changes import NamespaceChanges

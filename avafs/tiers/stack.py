@@ -19,7 +19,6 @@ it are unchanged.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, Future
 from pathlib import Path
@@ -29,6 +28,7 @@ from ..errors import AvafsError, StoreError
 from ..metrics import Metrics
 from ..objects import ObjectRef, block_span
 from ..stores.base import ObjectInfo
+from .block_file_reads import BlockFileRange, BlockFileReads
 from .cluster import ClusterTier
 from .disk import DiskTier
 from .evictor import Evictor
@@ -43,16 +43,6 @@ from .write_behind import WRITE_BEHIND_BLOCKS
 T = TypeVar("T")
 Piece = bytes | memoryview
 """What a read answers: whole blocks as bytes, a part of one block as a view of it."""
-
-
-class BlockFileRange(NamedTuple):
-    """What a read may answer instead of bytes (`read_async`'s `file_ranges`): `length` bytes
-    of the disk tier's block file at `path` from `offset`. The file is never rewritten with
-    other bytes, but it may be evicted (unlinked) before the caller opens it."""
-
-    path: str
-    offset: int
-    length: int
 
 
 RELEASE_BEHIND = WRITE_BEHIND_BLOCKS + 2
@@ -90,6 +80,9 @@ class TierStack:
                                 self._evictor)
         self.streams = Streams(self._fetches, stream_piece)
         """Read-ahead: `read_async` and `read_whole` start their streams through it."""
+        self.block_files = BlockFileReads(ram, disk, block_size, metrics)
+        """`read_async`'s answers from the disk tier's block files, for callers that take
+        file ranges."""
         self.request_loop = RequestLoop()
         """The FUSE request loop, once it serves: `read_whole` sends cold small GETs there."""
         self._fresh = FreshBlocks()
@@ -113,7 +106,8 @@ class TierStack:
         return ReadAhead(self._read_ahead)
 
     async def read_async(self, ref: ObjectRef, offset: int, size: int, read_ahead: ReadAhead,
-                         threads: Executor, file_ranges: bool = False) -> Piece | BlockFileRange:
+                         threads: Executor, file_ranges: bool = False
+                         ) -> Piece | BlockFileRange:
         """The bytes of [offset, offset+size), for a reader on an asyncio loop (the FUSE
         request loop) that keeps `read_ahead` per open file. The cheapest way that can answer is
         taken, in this order:
@@ -126,10 +120,10 @@ class TierStack:
         3. a larger object whose blocks in the range are all in the disk tier, checked, and
            none in RAM (after a remount): for a caller that takes `file_ranges` (the kernel
            splices them from the file's page cache), a range within one block is answered
-           as that `BlockFileRange`, on the loop; a range across two blocks is read from their
-           files in a worker thread. Neither is loaded into RAM nor starts a stream: the
-           files of the blocks the stream would have asked for start being read instead
-           (`_expect_block_files`);
+           as a `BlockFileRange`, on the loop; a range across two blocks is read from their
+           files in a worker thread (`block_file_reads.py`). Neither is loaded into RAM nor
+           starts a stream: the files of the blocks the stream would have asked for start
+           being read instead;
         4. a larger object first takes its reader's read-ahead into account, which may start
            a stream (never blocks); then every block in RAM: sliced here, on the loop;
         5. anything else: `read` in one of the caller's `threads` (its pool for every
@@ -145,20 +139,23 @@ class TierStack:
         if data is not None:
             return data
         span = block_span(offset, size, ref.size, self.block_size)
-        files = self._block_files(ref, span) if file_ranges and ref.size > self.block_size \
+        files = self.block_files.held(ref, span) if file_ranges and ref.size > self.block_size \
             else None
         if files is not None:
             wanted = read_ahead.next_stream(span, self.block_count(ref))
             if wanted is not None:
-                self._expect_block_files(ref, wanted)
+                self.block_files.expect(ref, range(wanted.start,
+                                                   min(wanted.stop, self.block_count(ref))))
                 read_ahead.streamed(wanted, wanted.stop)
             end = min(offset + size, ref.size)
             if len(files) == 1:
-                self.metrics.tier_hits["disk"].inc()
-                self.metrics.served_from["disk"].inc(end - offset)
-                return BlockFileRange(files[0], offset - span.start * self.block_size, end - offset)
-            return await asyncio.get_running_loop().run_in_executor(
-                threads, self._read_block_files, ref, files, span.start, offset, end)
+                return self.block_files.range(files[0], span.start, offset, end)
+            loop = asyncio.get_running_loop()
+            data = await loop.run_in_executor(threads, self.block_files.read, files,
+                                              span.start, offset, end)
+            if data is None:  # a file evicted or cut short meanwhile: load the blocks
+                data = await loop.run_in_executor(threads, self.read, ref, offset, size)
+            return data
         if ref.size > self.block_size and span:  # a one-block object is loaded by `read`
             wanted = read_ahead.next_stream(span, self.block_count(ref))
             if wanted is not None:
@@ -170,50 +167,6 @@ class TierStack:
         if span.start > 1 and self._reaches_a_block_start(offset, size):
             self._release(ref, range(max(0, span.start - RELEASE_BEHIND), span.start - 1))
         return data
-
-    def _block_files(self, ref: ObjectRef, span: range) -> list[str] | None:
-        """The disk tier's files of the span's blocks, if it holds every one checked and RAM
-        holds none of them; else None."""
-        files = []
-        for index in span:
-            block = ref.block(index)
-            if block in self.ram:
-                return None
-            file = self.disk.checked_file(block)
-            if file is None:
-                return None
-            files.append(f"{self.disk.root}/{file}")
-        return files
-
-    def _expect_block_files(self, ref: ObjectRef, wanted: range) -> None:
-        """The files of the blocks a reader served from block files (`read_async`, 3) would
-        have had streamed (its read-ahead's `wanted`) start being read from the device
-        (`DiskTier.expect_read`), so that it finds them in the page cache rather than waits
-        for the device on the loop; random readers get none, as they get no stream."""
-        for index in range(wanted.start, min(wanted.stop, self.block_count(ref))):
-            self.disk.expect_read(ref.block(index))
-
-    def _read_block_files(self, ref: ObjectRef, files: list[str], first: int, offset: int,
-                          end: int) -> Piece:
-        """Bytes [offset, end) of `ref` from the files of its blocks `first`, ... (a range
-        across blocks that `read_async` serves from the disk tier without loading the blocks
-        into RAM). A file evicted meanwhile, or shorter than its block, leaves the range to
-        `read`, which loads the blocks and drops a damaged one."""
-        parts = []
-        for position, path in enumerate(files):
-            base = (first + position) * self.block_size
-            start, stop = max(offset, base), min(end, base + self.block_size)
-            try:
-                with open(path, "rb", buffering=0) as file:
-                    part = os.pread(file.fileno(), stop - start, start - base)
-            except FileNotFoundError:
-                return self.read(ref, offset, end - offset)
-            if len(part) != stop - start:
-                return self.read(ref, offset, end - offset)
-            parts.append(part)
-        self.metrics.tier_hits["disk"].inc(len(files))
-        self.metrics.served_from["disk"].inc(end - offset)
-        return b"".join(parts)
 
     def _reaches_a_block_start(self, offset: int, size: int) -> bool:
         """Whether [offset, offset+size) holds the first byte of a block: a sequential reader

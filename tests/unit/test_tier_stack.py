@@ -21,9 +21,10 @@ from avafs.metrics import Metrics
 from avafs.objects import BlockId, ObjectRef
 from avafs.stores.instrumented import InstrumentedStore
 from avafs.stores.local import LocalStore
+from avafs.tiers.block_file_reads import BlockFileRange
 from avafs.tiers.disk import DiskTier
 from avafs.tiers.ram import RamTier
-from avafs.tiers.stack import BlockFileRange, TierStack
+from avafs.tiers.stack import TierStack
 from avafs.tiers.write_behind import WRITE_BEHIND_BLOCKS
 
 BLOCK = 64 * 1024
@@ -522,15 +523,17 @@ def test_a_read_across_blocks_only_on_disk_is_read_from_their_files_not_into_ram
 
 
 class _EvictingFirst(ThreadPoolExecutor):
-    """Unlinks a file before the work it is given runs: an eviction in between."""
+    """Unlinks a file before the first work it is given runs: an eviction in between."""
 
     def __init__(self, path: str) -> None:
         super().__init__(1)
-        self.path = path
+        self.path: str | None = path
 
     def submit(self, fn: Callable[..., object], /, *args: object,
                **kwargs: object) -> Future[object]:
-        os.unlink(self.path)
+        if self.path is not None:
+            os.unlink(self.path)
+            self.path = None
         return super().submit(fn, *args, **kwargs)
 
 
