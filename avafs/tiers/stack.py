@@ -44,7 +44,6 @@ T = TypeVar("T")
 Piece = bytes | memoryview
 """What a read answers: whole blocks as bytes, a part of one block as a view of it."""
 
-
 RELEASE_BEHIND = WRITE_BEHIND_BLOCKS + 2
 """Blocks before a sequential reader's previous block that each of its reads offers to
 release from RAM: its previous block stays (the kernel sends a file's READs several at a
@@ -80,7 +79,7 @@ class TierStack:
                                 self._evictor)
         self.streams = Streams(self._fetches, stream_piece)
         """Read-ahead: `read_async` and `read_whole` start their streams through it."""
-        self.block_files = BlockFileReads(ram, disk, block_size, metrics)
+        self._file_reads = BlockFileReads(ram, disk, block_size, metrics)
         """`read_async`'s answers from the disk tier's block files, for callers that take
         file ranges."""
         self.request_loop = RequestLoop()
@@ -139,19 +138,19 @@ class TierStack:
         if data is not None:
             return data
         span = block_span(offset, size, ref.size, self.block_size)
-        files = self.block_files.held(ref, span) if file_ranges and ref.size > self.block_size \
+        files = self._file_reads.held(ref, span) if file_ranges and ref.size > self.block_size \
             else None
         if files is not None:
             wanted = read_ahead.next_stream(span, self.block_count(ref))
             if wanted is not None:
-                self.block_files.expect(ref, range(wanted.start,
+                self._file_reads.expect(ref, range(wanted.start,
                                                    min(wanted.stop, self.block_count(ref))))
                 read_ahead.streamed(wanted, wanted.stop)
             end = min(offset + size, ref.size)
             if len(files) == 1:
-                return self.block_files.range(files[0], span.start, offset, end)
+                return self._file_reads.range(files[0], span.start, offset, end)
             loop = asyncio.get_running_loop()
-            data = await loop.run_in_executor(threads, self.block_files.read, files,
+            data = await loop.run_in_executor(threads, self._file_reads.read, files,
                                               span.start, offset, end)
             if data is None:  # a file evicted or cut short meanwhile: load the blocks
                 data = await loop.run_in_executor(threads, self.read, ref, offset, size)
