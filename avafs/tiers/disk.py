@@ -4,7 +4,7 @@ It survives unmount and crashes, so a remount starts warm. A block file is writt
 temporary name and renamed into place before it is indexed, and the index records its size and
 checksum, so a block torn by a crash is detected and dropped instead of served. The checksum is
 CRC-32C (`google-crc32c`, the CPU's own instruction where it has one): every block a cold read
-fetches is summed once, and every block read after a remount once, so zlib's table-driven
+fetches is summed once, and every block read after a crash once, so zlib's table-driven
 CRC-32 was a large share of the CPU of both. Records from before carry a CRC-32 and are checked
 with it. A tier closed cleanly syncs its file system and leaves a marker (`SYNCED_MARKER`): every
 block it indexed is then whole on the device, so the next mount serves them unchecked. The
